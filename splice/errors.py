@@ -1,0 +1,40 @@
+"""Errors the core raises; the servicers' interceptor maps each to its gRPC status code.
+
+The core never imports grpc: it raises these with a message naming the offending part.
+"""
+
+from __future__ import annotations
+
+
+class SpliceError(Exception):
+    """Base class; `code` names a grpc.StatusCode member."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(SpliceError):
+    """The request itself is wrong (bad ID, shape, dtype, template, sampling value...)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(SpliceError):
+    """The request is well formed but this deployment cannot serve it (e.g. images on a text model)."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(SpliceError):
+    """A server-side limit (queue full) refuses the request for now."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(SpliceError):
+    """A dependency (the engine) cannot be reached."""
+
+    code = "UNAVAILABLE"

@@ -1,0 +1,89 @@
+"""Unit tests of the shared wire pieces: sampling defaults, tensor codec, request chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
+from splice.engine_wire import RequestAssembler, encode_request
+from splice.errors import InvalidArgument
+from splice.sampling import SamplingParams
+from splice.tensors import from_bytes, tensor_from_pb, tensor_to_pb
+from splice.v1 import common_pb2, engine_pb2
+
+
+def test_sampling_defaults_applied_for_unset_optionals():
+    params = SamplingParams.from_pb(common_pb2.SamplingParams())
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed) == (1.0, 1.0, 0, None, None)
+    assert params.skip_special_tokens is True
+    greedy = SamplingParams.from_pb(common_pb2.SamplingParams(temperature=0.0, max_tokens=5, seed=7))
+    assert greedy.greedy and greedy.max_tokens == 5 and greedy.seed == 7
+    assert SamplingParams.from_pb(greedy.to_pb()) == greedy
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("temperature", -0.5, "temperature"), ("temperature", float("nan"), "temperature"),
+    ("top_p", 0.0, "top_p"), ("top_p", 1.5, "top_p"), ("top_k", -1, "top_k"), ("max_tokens", 0, "max_tokens"),
+])
+def test_sampling_rejects_bad_values(field, value, needle):
+    with pytest.raises(InvalidArgument, match=needle):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_tensor_roundtrip(dtype):
+    t = (torch.arange(24).reshape(2, 3, 4) % 5).to(dtype)
+    back = tensor_from_pb(tensor_to_pb(t))
+    assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
+
+
+def test_tensor_byte_count_checked():
+    with pytest.raises(InvalidArgument, match="expected 24"):
+        from_bytes(b"\0" * 20, torch.float32, [2, 3])
+
+
+def _request(rows: tuple[int, ...] = (3, 5)) -> EngineRequest:
+    g = torch.Generator().manual_seed(0)
+    tensors = [NamedTensor(PROMPT_EMBEDS, torch.randn(n, 64, generator=g)) for n in rows]
+    tensors.append(NamedTensor("pixel_values", torch.randn(1, 3, 3, 32, 32, generator=g)))
+    return EngineRequest("r1", list(range(20)), [EmbedSpan(2, 3, 0), EmbedSpan(9, 5, 1)], tensors,
+                         SamplingParams(temperature=0.0, max_tokens=4))
+
+
+def test_request_chunks_are_bounded_and_reassemble_exactly():
+    req = _request()
+    parts = list(encode_request(req, chunk_bytes=100))
+    assert parts[0].WhichOneof("part") == "header"
+    assert all(len(p.chunk.data) <= 100 for p in parts[1:])
+    asm = RequestAssembler()
+    for p in parts:
+        asm.feed(p)
+    back = asm.finish()
+    assert back.token_ids == req.token_ids and back.embed_spans == req.embed_spans and back.sampling == req.sampling
+    for a, b in zip(back.tensors, req.tensors, strict=True):
+        assert a.name == b.name and torch.equal(a.tensor, b.tensor)
+    assert set(back.model_inputs) == {"pixel_values"}
+
+
+def test_assembler_rejects_truncated_and_misordered_streams():
+    parts = list(encode_request(_request(), chunk_bytes=256))
+    asm = RequestAssembler()
+    for p in parts[:-1]:
+        asm.feed(p)
+    with pytest.raises(InvalidArgument, match="received"):
+        asm.finish()
+    asm = RequestAssembler()
+    with pytest.raises(InvalidArgument, match="before the header"):
+        asm.feed(parts[1])
+    asm = RequestAssembler()
+    asm.feed(parts[0])
+    with pytest.raises(InvalidArgument, match="declared"):
+        asm.feed(engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=9, data=b"x")))
+
+
+def test_assembler_caps_declared_size_before_allocating():
+    header = engine_pb2.GenerateHeader(tensors=[engine_pb2.TensorMeta(name=PROMPT_EMBEDS, dtype="float32",
+                                                                      shape=[1 << 20, 1 << 12])])
+    with pytest.raises(InvalidArgument, match="at most"):
+        RequestAssembler(max_request_bytes=1 << 30).feed(engine_pb2.GenerateRequestPart(header=header))
