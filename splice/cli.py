@@ -30,7 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*")
     p.set_defaults(func=_build_tiny)
 
-    for name in ("engine", "preprocessor", "up", "chat"):
+    from engine import cli as engine_cli
+    from preprocessor import cli as preprocessor_cli
+
+    p = sub.add_parser("engine", help="serve splice.v1.Engine (model on GPU/CPU)")
+    engine_cli.add_arguments(p)
+    p.set_defaults(func=engine_cli.run)
+
+    p = sub.add_parser("preprocessor", help="serve splice.v1.Preprocessor (public API, CPU)")
+    preprocessor_cli.add_arguments(p)
+    p.set_defaults(func=preprocessor_cli.run)
+
+    for name in ("up", "chat"):
         p = sub.add_parser(name, help=f"{name} (not yet)")
         p.set_defaults(func=lambda a, n=name: _not_yet(n))
 

@@ -1,0 +1,29 @@
+"""Resolves a --model value: a tiny built-in name, a local HF folder, or an HF id in the local cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from splice.errors import FailedPrecondition
+from splice.tiny import TINY_MODELS, ensure
+
+
+def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = None) -> str:
+    """A local folder holding config.json (+ tokenizer, processor, safetensors) for `name_or_path`."""
+    if name_or_path in TINY_MODELS:
+        return str(ensure(name_or_path, progress=progress))
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FailedPrecondition(f"model folder {path} has no config.json")
+        return str(path)
+    # An HF id: only what is already in the local cache; nothing is downloaded at run time.
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name_or_path, local_files_only=True)
+    except Exception as exc:
+        raise FailedPrecondition(
+            f"model {name_or_path!r} is neither a tiny model ({sorted(TINY_MODELS)}), a local folder, nor an HF id "
+            f"in the local cache ({type(exc).__name__}); download it first or pass a folder") from exc
