@@ -1,0 +1,19 @@
+"""Typed Python clients of splice.v1.Preprocessor (sync and asyncio)."""
+
+from clients.async_client import AsyncSpliceClient
+from clients.errors import SpliceClientError
+from clients.parts import embeds_part, image_part, message, text_part
+from clients.sync_client import SpliceClient
+from clients.types import Chunk, Usage
+
+__all__ = [
+    "AsyncSpliceClient",
+    "Chunk",
+    "SpliceClient",
+    "SpliceClientError",
+    "Usage",
+    "embeds_part",
+    "image_part",
+    "message",
+    "text_part",
+]

@@ -3,32 +3,99 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
-from splice.tiny import DEFAULT_MODEL
+from splice.tiny import DEFAULT_MODEL, TINY_MODELS
+
+NOISE_NOTE = ("note: {model} is a built-in tiny model with random weights: its answers are noise by "
+              "construction. Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) "
+              "for real weights.")
 
 
-def _not_yet(what: str) -> int:
-    print(f"splice {what}: not yet implemented in this version (see the open issues).", file=sys.stderr)
-    return 2
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
-    from splice.tiny import TINY_MODELS, ensure
+    from splice.tiny import ensure
 
     for name in args.names or sorted(TINY_MODELS):
-        print(f"{name}: {ensure(name, progress=print)}")
+        print(f"{name}: {ensure(name, progress=_say)}")
     return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from splice.launch import start_stack
+    from splice.models import resolve_model
+
+    resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
+    if args.model in TINY_MODELS:
+        _say(NOISE_NOTE.format(model=args.model))
+    engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
+                              preprocessor_port=args.port, echo=_say if args.verbose else None)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"splice up: preprocessor (public API) on {pre.address}, engine on {engine.address}. Ctrl-C stops both.",
+          flush=True)
+    try:
+        while not stop.wait(0.5):
+            for service in (engine, pre):
+                if not service.alive:
+                    _say(f"{service.name} exited with code {service.proc.returncode}; stopping")
+                    return 1
+        return 0
+    finally:
+        pre.stop()
+        engine.stop()
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from safetensors.torch import load_file
+
+    from clients import SpliceClient, SpliceClientError
+
+    content: list = []
+    for path in args.embeds or []:
+        tensors = load_file(path)
+        if len(tensors) != 1:
+            _say(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
+            return 2
+        content.append({"type": "prompt_embeds", "prompt_embeds": next(iter(tensors.values()))})
+    content += [{"type": "image", "image": p} for p in args.image or []]
+    content.append({"type": "text", "text": args.prompt})
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": content}]
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    if args.seed is not None:
+        sampling["seed"] = args.seed
+    try:
+        with SpliceClient(args.target, timeout=args.timeout) as client:
+            usage = finish = None
+            for chunk in client.chat(messages, **sampling):
+                print(chunk.text, end="", flush=True)
+                usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+            print()
+    except SpliceClientError as err:
+        _say(f"error: {err}")
+        return 1
+    if usage:
+        _say(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from splice.demo import run_demo
+
+    return run_demo(args.model, max_tokens=args.max_tokens)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splice", description="Serve chat models with text, images and "
                                      "caller-supplied prompt embeddings.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")
-    p.add_argument("names", nargs="*")
-    p.set_defaults(func=_build_tiny)
 
     from engine import cli as engine_cli
     from preprocessor import cli as preprocessor_cli
@@ -41,12 +108,35 @@ def build_parser() -> argparse.ArgumentParser:
     preprocessor_cli.add_arguments(p)
     p.set_defaults(func=preprocessor_cli.run)
 
-    for name in ("up", "chat"):
-        p = sub.add_parser(name, help=f"{name} (not yet)")
-        p.set_defaults(func=lambda a, n=name: _not_yet(n))
+    p = sub.add_parser("up", help="start engine + preprocessor locally; Ctrl-C stops both")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"tiny model name {sorted(TINY_MODELS)}, HF folder or id")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
+    p.add_argument("--engine-port", type=int, default=50061)
+    p.add_argument("--verbose", action="store_true", help="relay the services' logs")
+    p.set_defaults(func=_up)
 
-    p = sub.add_parser("demo", help=f"run the seed scenario on the built-in {DEFAULT_MODEL}")
-    p.set_defaults(func=lambda a: _not_yet("demo"))
+    p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
+    p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="preprocessor HOST:PORT")
+    p.add_argument("--system", default=None)
+    p.add_argument("--image", action="append", metavar="PATH", help="image file (repeatable)")
+    p.add_argument("--embeds", action="append", metavar="FILE.safetensors",
+                   help="prompt embeddings [n, hidden], one tensor per file (repeatable)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.set_defaults(func=_chat)
+
+    p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")
+    p.add_argument("names", nargs="*")
+    p.set_defaults(func=_build_tiny)
+
+    p = sub.add_parser("demo", help=f"run the seed scenario (text + embeds + image) on {DEFAULT_MODEL}")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.set_defaults(func=_demo)
     return parser
 
 

@@ -1,0 +1,17 @@
+# One image for both services; docker-compose.yml picks the command.
+FROM python:3.11-slim
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 SPLICE_CACHE=/cache
+# torch pinned; the default index gives a build that runs on CPU and CUDA alike. Set TORCH_INDEX to
+# PyTorch's CPU-only wheel index for a smaller CPU image.
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=""
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+COPY pyproject.toml README.md ./
+COPY splice ./splice
+COPY engine ./engine
+COPY preprocessor ./preprocessor
+COPY clients ./clients
+RUN pip install --no-cache-dir .
+EXPOSE 50051 50061
+CMD ["splice", "up", "--host", "0.0.0.0"]

@@ -1,0 +1,70 @@
+"""asyncio client: `async with AsyncSpliceClient(target) as c: async for chunk in c.chat([...]): ...`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+
+from clients.errors import SpliceClientError
+from clients.requests import chat_request, complete_request, tokenize_request, tokenized_from_pb
+from clients.sync_client import CHANNEL_OPTIONS
+from clients.types import Chunk, Tokenized
+from splice.model_info import ModelInfo
+from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
+
+
+class AsyncSpliceClient:
+    def __init__(self, target: str, timeout: float | None = None) -> None:
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = preprocessor_pb2_grpc.PreprocessorStub(self._channel)
+        self._timeout = timeout
+
+    async def __aenter__(self) -> AsyncSpliceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        import asyncio
+
+        await asyncio.wait_for(self._channel.channel_ready(), timeout)
+
+    def chat(self, messages: Iterable[Any], **kwargs: Any) -> AsyncIterator[Chunk]:
+        return self._stream(self._stub.Chat, chat_request(messages, **kwargs))
+
+    def complete(self, prompt: Iterable[Any], **kwargs: Any) -> AsyncIterator[Chunk]:
+        return self._stream(self._stub.Complete, complete_request(prompt, **kwargs))
+
+    async def tokenize(self, messages: Iterable[Any] | None = None, *, text: str | None = None,
+                       add_special_tokens: bool = False, **kwargs: Any) -> Tokenized:
+        req = tokenize_request(messages, text=text, add_special_tokens=add_special_tokens, **kwargs)
+        return tokenized_from_pb(await self._unary(self._stub.Tokenize, req))
+
+    async def detokenize(self, token_ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        req = preprocessor_pb2.DetokenizeRequest(token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
+        return (await self._unary(self._stub.Detokenize, req)).text
+
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo.from_pb(await self._unary(self._stub.GetModelInfo, common_pb2.GetModelInfoRequest()))
+
+    async def _unary(self, method, request):
+        try:
+            return await method(request, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise SpliceClientError.from_rpc_error(err) from None
+
+    async def _stream(self, method, request) -> AsyncIterator[Chunk]:
+        call = method(request, timeout=self._timeout)
+        try:
+            async for pb in call:
+                yield Chunk.from_pb(pb)
+        except grpc.RpcError as err:
+            raise SpliceClientError.from_rpc_error(err) from None
+        finally:
+            call.cancel()

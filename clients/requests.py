@@ -1,0 +1,62 @@
+"""Request building shared by the sync and async clients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from clients.parts import to_message
+from clients.types import Tokenized
+from splice.sampling import SamplingParams
+from splice.tensors import tensor_to_pb
+from splice.v1 import preprocessor_pb2 as pp
+
+
+def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generation_prompt: bool | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None,
+                 **sampling: Any) -> pp.ChatRequest:
+    """`sampling` takes SamplingParams' fields (temperature, top_p, top_k, seed, max_tokens, stop, ...)."""
+    req = pp.ChatRequest(request_id=request_id, messages=[to_message(m) for m in messages],
+                         sampling=SamplingParams(**_tuples(sampling)).to_pb())
+    if add_generation_prompt is not None:
+        req.add_generation_prompt = add_generation_prompt
+    if chat_template is not None:
+        req.chat_template = chat_template
+    if chat_template_kwargs:
+        kwargs = struct_pb2.Struct()
+        kwargs.update(chat_template_kwargs)
+        req.chat_template_kwargs.CopyFrom(kwargs)
+    return req
+
+
+def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling: Any) -> pp.CompleteRequest:
+    """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings)."""
+    parts = []
+    for item in prompt:
+        if isinstance(item, str):
+            parts.append(pp.PromptPart(text=item))
+        elif isinstance(item, list | tuple):
+            parts.append(pp.PromptPart(token_ids=pp.TokenIds(ids=[int(i) for i in item])))
+        elif isinstance(item, pp.PromptPart):
+            parts.append(item)
+        else:
+            parts.append(pp.PromptPart(prompt_embeds=pp.PromptEmbeds(tensor=tensor_to_pb(item))))
+    return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=SamplingParams(**_tuples(sampling)).to_pb())
+
+
+def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None, add_special_tokens: bool = False,
+                     **kwargs: Any) -> pp.TokenizeRequest:
+    if text is not None:
+        return pp.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+    return pp.TokenizeRequest(chat=chat_request(messages or [], **kwargs))
+
+
+def tokenized_from_pb(pb: pp.TokenizeResponse) -> Tokenized:
+    return Tokenized(tuple(pb.token_ids), tuple((s.offset, s.length) for s in pb.embed_spans), pb.prompt,
+                     tuple(pb.image_token_counts))
+
+
+def _tuples(sampling: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()}

@@ -1,0 +1,114 @@
+"""Starts the engine and the preprocessor as local processes and waits until they serve.
+
+Used by `splice up`, `splice demo` and the integration tests, so the tests exercise the same start-up
+path users do. Each service prints `<name> serving on HOST:PORT` once it is ready.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+READY = re.compile(r"^(engine|preprocessor) serving on (\S+:\d+)\s*$")
+
+
+@dataclass
+class Service:
+    name: str  # "engine" | "preprocessor"
+    proc: subprocess.Popen
+    address: str = ""  # HOST:PORT once ready
+    output: list[str] = field(default_factory=list)  # every line the process printed
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> int:
+        """SIGTERM (graceful drain), then SIGKILL after `grace` seconds."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300.0,
+          echo: Callable[[str], None] | None = None) -> Service:
+    """Runs `python -m splice.cli NAME ARGS...` and returns once it printed its ready line."""
+    cmd = [sys.executable, "-u", "-m", "splice.cli", name, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**os.environ, **(env or {})})
+    service = Service(name, proc)
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            service.output.append(line)
+            match = READY.match(line)
+            if match and match.group(1) == name and not ready.is_set():
+                service.address = match.group(2)
+                ready.set()
+            elif echo:
+                echo(f"[{name}] {line}")
+        ready.set()  # the process ended; start() reports it
+
+    threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
+    if not ready.wait(timeout) or not service.address:
+        service.kill()
+        tail = "\n".join(service.output[-30:])
+        raise RuntimeError(f"{name} did not become ready (exit code {proc.poll()}); last output:\n{tail}")
+    return service
+
+
+def wait_healthy(address: str, timeout: float = 120.0) -> None:
+    """Polls grpc.health.v1 until the server reports SERVING."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} not SERVING after {timeout:.0f}s")
+            time.sleep(0.2)
+
+
+def start_stack(model: str, *, host: str = "127.0.0.1", engine_port: int = 0, preprocessor_port: int = 0,
+                engine_args: Sequence[str] = (), preprocessor_args: Sequence[str] = (),
+                echo: Callable[[str], None] | None = None) -> tuple[Service, Service]:
+    """Engine first (healthy), then a preprocessor pointed at it (healthy)."""
+    engine = start("engine", ["--model", model, "--host", host, "--port", str(engine_port), *engine_args],
+                   echo=echo)
+    try:
+        wait_healthy(engine.address)
+        pre = start("preprocessor", ["--engine", engine.address, "--host", host, "--port", str(preprocessor_port),
+                                     *preprocessor_args], echo=echo)
+        wait_healthy(pre.address)
+    except BaseException:
+        engine.stop()
+        raise
+    return engine, pre
