@@ -12,7 +12,8 @@ from clients.parts import image_part, message, to_part
 from clients.requests import chat_request, complete_request
 from clients.types import Chunk
 from splice.tensors import tensor_from_pb
-from splice.v1 import common_pb2, preprocessor_pb2 as pp
+from splice.v1 import common_pb2
+from splice.v1 import preprocessor_pb2 as pp
 
 
 def test_message_parts_from_python_values(tmp_path):
