@@ -34,7 +34,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.model in TINY_MODELS:
         _say(NOISE_NOTE.format(model=args.model))
     engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
-                              preprocessor_port=args.port, echo=_say if args.verbose else None)
+                              preprocessor_port=args.port, echo=None if args.quiet else _say)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
     p.add_argument("--engine-port", type=int, default=50061)
-    p.add_argument("--verbose", action="store_true", help="relay the services' logs")
+    p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
     p.set_defaults(func=_up)
 
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
