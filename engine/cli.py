@@ -3,13 +3,53 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import asyncio
+import contextlib
+import logging
+import signal
+
+from splice.tiny import DEFAULT_MODEL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="tiny model name, local HF folder, or HF id in the local cache (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed when ready)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the config's max_position_embeddings")
+    parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
+    parser.add_argument("--max-batch-tokens", type=int, default=None,
+                        help="positions one forward may process; default max(8192, max model len)")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
+    parser.add_argument("--log-level", default="INFO")
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from engine.config import EngineConfig
+    from engine.server import EngineServer
+    from splice.models import resolve_model
+
+    folder = resolve_model(args.model, progress=lambda m: logging.getLogger("splice.engine").info("%s", m))
+    cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                       max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
+                       max_queue=args.max_queue, model_name=args.model)
+    server = EngineServer(cfg, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start(on_ready=lambda addr: print(f"engine serving on {addr}", flush=True))
+        await stop.wait()
+    finally:
+        await server.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-    print("splice engine: not yet implemented in this version (see the open issues).", file=sys.stderr)
-    return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_serve(args))
+    return 0

@@ -1,0 +1,42 @@
+"""EngineConfig: the engine's deployment knobs, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # a local HF folder (already resolved by splice.models.resolve_model)
+    device: str = "auto"  # "auto" = cuda when available, else cpu; "cuda:1" style indices allowed
+    dtype: str = "auto"  # "auto" = the checkpoint's dtype on cuda, float32 on cpu
+    max_model_len: int | None = None  # None = the config's max_position_embeddings
+    max_running_seqs: int = 64  # sequences decoded together in one step
+    # positions one forward may process (padded prefill rows, or decode rows); None = max(8192, max_model_len),
+    # so any prompt the model accepts can be prefilled
+    max_batch_tokens: int | None = None
+    max_queue: int = 256  # waiting requests beyond which new ones get RESOURCE_EXHAUSTED
+    model_name: str | None = None  # what GetModelInfo reports; None = `model`
+
+    def __post_init__(self) -> None:
+        base = self.device.split(":", 1)[0]
+        if base not in DEVICES or (base != "cuda" and ":" in self.device):
+            raise ValueError(f"device must be one of {DEVICES} (or cuda:N), got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_running_seqs < 1:
+            raise ValueError(f"max_running_seqs must be >= 1, got {self.max_running_seqs}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_running_seqs:
+            raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_running_seqs "
+                             f"({self.max_running_seqs}): every running sequence decodes one position per step")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or self.model

@@ -1,0 +1,290 @@
+"""The engine: schedule -> run -> sample -> emit, on a dedicated thread; an asyncio API on top.
+
+    engine = LLMEngine(EngineConfig(model=folder)); engine.start(); await engine.warmup()
+    async for out in engine.generate(request): ...      # EngineOutput per step, the last one finished
+    engine.abort(request_id)                            # or just stop iterating / cancel the task
+
+Torch runs only on the engine thread, so the event loop (health checks, cancellations, new requests)
+never waits for a forward. Aborts are drained at every step boundary, before the next forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import EngineConfig
+from engine.embedder import prompt_embeddings
+from engine.loader import LoadedModel, load
+from engine.model_runner import ModelRunner
+from engine.sampler import make_generator, sample
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, Sequence
+from engine.validate import validate_request
+from splice.engine_request import EngineRequest
+from splice.errors import SpliceError, Unavailable
+from splice.model_info import ModelInfo
+from splice.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+DEFAULT_BATCH_TOKENS = 8192
+
+
+class Cancelled(SpliceError):
+    """The sequence was aborted through `LLMEngine.abort` while its caller still listened."""
+
+    code = "CANCELLED"
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    request_id: str
+    token_ids: list[int]  # tokens produced this step (one per step)
+    logprobs: list[float] = field(default_factory=list)  # same length as token_ids when asked, else empty
+    finish_reason: FinishReason | None = None  # set on the last output only
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # generated so far
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Listener:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # EngineOutput | BaseException
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.cfg = cfg
+        self.m = loaded if loaded is not None else load(cfg)
+        self.runner = ModelRunner(self.m)
+        budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
+        self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue)
+        self._lock = threading.Lock()  # guards the scheduler and the sequence tables
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._seqs: dict[int, Sequence] = {}  # seq_id -> live sequence
+        self._listeners: dict[int, _Listener] = {}  # seq_id -> where its outputs go
+        self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
+        self.steps = 0  # forwards run; tests and metrics read it
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.m.info
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="splice-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the loop; sequences still in flight end with UNAVAILABLE."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.runner.batch = None
+        with self._lock:
+            for seq in list(self._seqs.values()):
+                self.scheduler.finish(seq, FinishReason.ERROR, Unavailable("engine stopped"))
+                self._release(seq)
+
+    async def warmup(self) -> None:
+        """One tiny greedy request through the whole path (allocations, kernels) before serving."""
+        req = EngineRequest("warmup", [0] * 4, sampling=SamplingParams(temperature=0.0, max_tokens=2))
+        async for _ in self.generate(req):
+            pass
+
+    # --- async API -------------------------------------------------------------------------------
+
+    async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Validates and queues `req`; yields one EngineOutput per step. Raises SpliceError on bad input."""
+        if self._thread is None:
+            raise Unavailable("engine is not started")
+        # finite checks read every tensor byte: off the event loop, like the forward
+        await asyncio.to_thread(validate_request, req, self.m.info, self.m.vision)
+        seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
+                       self.m.info.eos_token_ids, payload=req)
+        listener = _Listener(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
+            self._seqs[seq.seq_id] = seq
+            self._listeners[seq.seq_id] = listener
+        self._wake.set()
+        try:
+            while True:
+                item = await listener.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            # the caller stopped listening (cancelled, closed the generator, or we are done)
+            if not seq.is_finished:
+                seq.abort_requested = True
+                self._wake.set()
+            with self._lock:
+                self._listeners.pop(seq.seq_id, None)
+
+    def abort(self, request_id: str) -> int:
+        """Aborts every live sequence with this request ID before its next step; returns how many."""
+        with self._lock:
+            hits = [s for s in self._seqs.values() if s.request_id == request_id and not s.is_finished]
+            for s in hits:
+                s.abort_requested = True
+        self._wake.set()
+        return len(hits)
+
+    # --- engine thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopping:
+            try:
+                if not self.step():
+                    self._wake.wait()
+                    self._wake.clear()
+            except Exception:  # a bug in the loop itself: fail what is running, keep serving
+                log.exception("engine step failed")
+                self._fail_running(RuntimeError("engine step failed"))
+
+    def step(self) -> bool:
+        """One iteration; False when there was nothing to run."""
+        with self._lock:
+            aborted = self.scheduler.drain_aborts()
+            for seq in [s for s in self._seqs.values() if s.is_finished]:
+                self._release(seq)  # the aborted ones, running or waiting
+            out = self.scheduler.schedule()
+        self.runner.remove({s.seq_id for s in aborted})
+        if out.is_empty:
+            return False
+        self.steps += 1
+        if out.prefill:
+            self._prefill(out.prefill)
+        else:
+            self._decode()
+        return True
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        ready: list[Sequence] = []
+        prompts: list[torch.Tensor] = []
+        for seq in seqs:
+            try:
+                prompts.append(prompt_embeddings(self.m, seq.payload))  # [prompt_len, hidden]
+                ready.append(seq)
+            except Exception as exc:  # this request's vision/merge failed; the others go on
+                log.exception("request %s: embedding failed", seq.request_id)
+                self._fail([seq], exc)
+        if not ready:
+            return
+        try:
+            logits = self.runner.prefill([s.seq_id for s in ready], prompts)  # [len(ready), vocab]
+        except Exception as exc:  # the running batch is untouched by a failed prefill
+            log.exception("prefill of %d sequences failed", len(ready))
+            if len(ready) == 1:
+                self._fail(ready, exc)
+                return
+            ready, logits = self._prefill_one_by_one(ready, prompts)
+            if not ready:
+                return
+        for seq in ready:
+            self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
+            seq.payload = None  # prompt tensors are no longer needed
+        self._postprocess(ready, logits)
+
+    def _prefill_one_by_one(self, seqs: list[Sequence],
+                            prompts: list[torch.Tensor]) -> tuple[list[Sequence], torch.Tensor | None]:
+        """After a failed group prefill: each alone, so only the request that fails is failed."""
+        ok: list[Sequence] = []
+        rows: list[torch.Tensor] = []
+        for seq, prompt in zip(seqs, prompts, strict=True):
+            try:
+                rows.append(self.runner.prefill([seq.seq_id], [prompt])[0])  # [vocab]
+                ok.append(seq)
+            except Exception as exc:
+                log.exception("request %s: prefill failed", seq.request_id)
+                self._fail([seq], exc)
+        return ok, (torch.stack(rows) if rows else None)
+
+    def _decode(self) -> None:
+        with self._lock:
+            seqs = [self._seqs[i] for i in self.runner.seq_ids]
+        try:
+            logits = self.runner.decode([s.output_ids[-1] for s in seqs])  # [rows, vocab]
+        except Exception as exc:  # the shared cache may be half-updated: every running row fails
+            log.exception("decode step failed")
+            self._fail_running(exc)
+            return
+        self._postprocess(seqs, logits)
+
+    def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits, [s.sampling for s in seqs], [self._generators[s.seq_id] for s in seqs])
+        finished: set[int] = set()
+        with self._lock:
+            for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
+                if seq.is_finished:  # aborted while this step ran: nothing more goes out
+                    finished.add(seq.seq_id)
+                    continue
+                reason = seq.append(tok, lp)
+                if reason is not None:
+                    self.scheduler.finish(seq, reason)
+                    finished.add(seq.seq_id)
+                self._emit(seq, EngineOutput(seq.request_id, [tok], [] if lp is None else [lp], reason,
+                                             seq.prompt_len, seq.num_generated))
+                if reason is not None:
+                    self._release(seq)
+        self.runner.remove(finished)
+
+    # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
+
+    def _emit(self, seq: Sequence, item: EngineOutput | BaseException) -> None:
+        listener = self._listeners.get(seq.seq_id)
+        if listener is not None:
+            with contextlib.suppress(RuntimeError):  # the listener's event loop is already closed
+                listener.loop.call_soon_threadsafe(listener.queue.put_nowait, item)
+
+    def _release(self, seq: Sequence) -> None:
+        """`seq` has finished: end its stream (an error or an abort ends it with an exception), forget it."""
+        if seq.finish_reason is FinishReason.ERROR:
+            self._emit(seq, seq.error or RuntimeError(f"request {seq.request_id} failed"))
+        elif seq.finish_reason is FinishReason.ABORT:
+            self._emit(seq, Cancelled(f"request {seq.request_id} was aborted"))
+        self._seqs.pop(seq.seq_id, None)
+        self._generators.pop(seq.seq_id, None)
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
+        """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""
+        with self._lock:
+            for seq in seqs:
+                self.scheduler.finish(seq, FinishReason.ERROR, exc)
+                self._release(seq)
+        self.runner.remove({s.seq_id for s in seqs})
+
+    def _fail_running(self, exc: BaseException) -> None:
+        with self._lock:
+            seqs = list(self.scheduler.running)
+        self._fail(seqs, exc)
+        self.runner.batch = None

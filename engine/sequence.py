@@ -1,0 +1,82 @@
+"""One request's generation state: a small state machine with counters. No torch."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from splice.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, not yet prefilled
+    RUNNING = "running"  # prefilled; its KV cache is a row of the running batch
+    FINISHED = "finished"  # left the batch; `finish_reason` says why
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS or a stop token ID
+    LENGTH = "length"  # max_tokens reached or the context is full
+    ABORT = "abort"  # the client cancelled
+    ERROR = "error"  # this request failed inside the engine; `error` holds why
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str  # caller's ID, for logs; not unique
+    prompt_len: int  # prompt positions (text, image and embedding positions alike)
+    sampling: SamplingParams
+    max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
+    payload: Any = None  # runner-side input (the EngineRequest); opaque to the scheduler
+    seq_id: int = field(default_factory=lambda: next(_ids))  # unique within the process
+    status: SeqStatus = SeqStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: BaseException | None = None
+    abort_requested: bool = False  # set by any thread; the engine drains it between steps
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.num_generated
+
+    @property
+    def max_new_tokens(self) -> int:
+        room = self.max_model_len - self.prompt_len
+        return room if self.sampling.max_tokens is None else min(room, self.sampling.max_tokens)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        eos = () if self.sampling.ignore_eos else self.eos_token_ids
+        return frozenset((*eos, *self.sampling.stop_token_ids))
+
+    def append(self, token: int, logprob: float | None = None) -> FinishReason | None:
+        """Records one generated token; returns why the sequence ends now, if it does."""
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        if token in self.stop_ids:
+            return FinishReason.STOP
+        if self.num_generated >= self.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, reason: FinishReason, error: BaseException | None = None) -> None:
+        self.status = SeqStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.payload = None  # drop tensors as soon as the sequence leaves

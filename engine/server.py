@@ -1,0 +1,76 @@
+"""The engine's grpc.aio server: Engine service, health (NOT_SERVING until loaded and warm), reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.servicer import EngineServicer
+from splice.grpc_errors import ErrorInterceptor
+from splice.v1 import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+class EngineServer:
+    """Binds first (health answers NOT_SERVING while the model loads), then loads, warms up, serves."""
+
+    def __init__(self, cfg: EngineConfig, host: str = "127.0.0.1", port: int = 0,
+                 engine: LLMEngine | None = None) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.engine = engine
+        self.server = grpc.aio.server(interceptors=[ErrorInterceptor()])
+        self.servicer = EngineServicer()  # engine attached once warm
+        engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def _set(self, status: int) -> None:
+        for name in ("", SERVICE):
+            await self.health.set(name, status)
+
+    async def start(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Listens (health NOT_SERVING), loads and warms the engine, then flips health to SERVING."""
+        await self.listen()
+        await self.load()
+        if on_ready:
+            on_ready(self.address)
+
+    async def listen(self) -> None:
+        await self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+
+    async def load(self) -> None:
+        if self.engine is None:
+            # loading is seconds of blocking torch work: off the event loop so health keeps answering
+            self.engine = await asyncio.to_thread(LLMEngine, self.cfg)
+        self.engine.start()
+        await self.engine.warmup()
+        self.servicer.engine = self.engine
+        await self._set(health_pb2.HealthCheckResponse.SERVING)
+        log.info("engine serving %s on %s", self.engine.info.model, self.address)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING while in-flight calls drain
+        await self.server.stop(grace)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)

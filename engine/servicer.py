@@ -1,0 +1,53 @@
+"""splice.v1.Engine over gRPC: pb -> RequestAssembler -> LLMEngine.generate -> pb. Nothing else.
+
+Errors are raised as SpliceError and mapped to status codes by splice.grpc_errors.ErrorInterceptor.
+A cancelled call cancels this handler's task; leaving `engine.generate` aborts the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from engine.llm_engine import EngineOutput, LLMEngine
+from engine.sequence import FinishReason
+from splice.engine_wire import RequestAssembler
+from splice.errors import Unavailable
+from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+_FINISH_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
+
+
+def output_to_pb(out: EngineOutput) -> engine_pb2.GenerateResponse:
+    pb = engine_pb2.GenerateResponse(token_ids=out.token_ids, logprobs=out.logprobs)
+    if out.finish_reason is not None:
+        pb.finish_reason = _FINISH_TO_PB[out.finish_reason]
+        pb.usage.prompt_tokens = out.prompt_tokens
+        pb.usage.completion_tokens = out.completion_tokens
+    return pb
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    """`engine` may be set after the server starts; until then calls get UNAVAILABLE (health says so too)."""
+
+    def __init__(self, engine: LLMEngine | None = None) -> None:
+        self.engine = engine
+
+    def _ready(self) -> LLMEngine:
+        if self.engine is None:
+            raise Unavailable("engine is loading; watch grpc.health.v1 for SERVING")
+        return self.engine
+
+    async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        engine = self._ready()
+        assembler = RequestAssembler()
+        async for part in request_iterator:
+            assembler.feed(part)
+        async for out in engine.generate(assembler.finish()):
+            yield output_to_pb(out)
+
+    async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
+                           context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
+        return self._ready().info.to_pb()

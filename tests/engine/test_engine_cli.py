@@ -1,0 +1,37 @@
+"""`splice engine` as a process: prints its address when ready, health SERVING, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from splice.v1 import common_pb2, engine_pb2_grpc
+
+
+@pytest.mark.integration
+def test_cli_serves_on_the_printed_port_and_stops_cleanly(tiny_dirs):
+    cmd = [sys.executable, "-m", "splice.cli", "engine", "--model", "tiny-text", "--port", "0",
+           "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("engine serving on 127.0.0.1:"), line
+        address = line.removeprefix("engine serving on ")
+        assert not address.endswith(":0")
+        with grpc.insecure_channel(address) as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+            info = engine_pb2_grpc.EngineStub(ch).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)
+            assert info.model == "tiny-text" and info.architecture == "LlamaForCausalLM"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

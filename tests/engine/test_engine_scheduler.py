@@ -1,0 +1,107 @@
+"""Scheduler and Sequence driven by hand from factories: no model, no torch in the code under test."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, SeqStatus, Sequence
+from splice.errors import InvalidArgument, ResourceExhausted
+from splice.sampling import SamplingParams
+
+
+def seq(prompt_len: int = 4, rid: str = "r", max_model_len: int = 64, eos=(3,), **sampling) -> Sequence:
+    return Sequence(rid, prompt_len, SamplingParams(**sampling), max_model_len, eos)
+
+
+def test_scheduler_module_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, engine.scheduler, engine.sequence; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_new_sequences_prefill_then_everyone_decodes_together():
+    s = Scheduler(max_running_seqs=4, max_batch_tokens=100, max_queue=10)
+    a, b = seq(5), seq(7)
+    s.add(a)
+    s.add(b)
+    out = s.schedule()
+    assert out.prefill == [a, b] and not out.decode
+    assert a.status is b.status is SeqStatus.RUNNING
+    assert s.schedule().decode == [a, b]
+    c = seq(3)
+    s.add(c)  # joins at the next boundary without waiting for a and b
+    assert s.schedule().prefill == [c]
+    assert s.schedule().decode == [a, b, c]
+
+
+def test_running_limit_keeps_the_rest_waiting_until_one_leaves():
+    s = Scheduler(max_running_seqs=2, max_batch_tokens=100, max_queue=10)
+    seqs = [seq(4, f"r{i}") for i in range(3)]
+    for x in seqs:
+        s.add(x)
+    assert s.schedule().prefill == seqs[:2]
+    assert s.schedule().decode == seqs[:2] and seqs[2].status is SeqStatus.WAITING
+    s.finish(seqs[0], FinishReason.STOP)
+    assert seqs[0].is_finished and seqs[0].finish_reason is FinishReason.STOP
+    assert s.schedule().prefill == [seqs[2]]
+    assert s.schedule().decode == [seqs[1], seqs[2]]
+
+
+def test_prefill_budget_counts_padded_positions():
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=20, max_queue=10)
+    a, b, c = seq(8), seq(10), seq(2)
+    for x in (a, b, c):
+        s.add(x)
+    # a + b padded to 10 each = 20 fits; adding c makes 3 x 10 = 30
+    assert s.schedule().prefill == [a, b]
+    assert s.schedule().prefill == [c]
+
+
+def test_prompt_longer_than_the_batch_budget_is_rejected():
+    s = Scheduler(max_running_seqs=2, max_batch_tokens=16, max_queue=1)
+    with pytest.raises(InvalidArgument, match="at most 16"):
+        s.add(seq(17))
+
+
+def test_queue_full_is_resource_exhausted():
+    s = Scheduler(max_running_seqs=2, max_batch_tokens=100, max_queue=1)
+    for i in range(3):
+        s.add(seq(4, f"r{i}"))
+    with pytest.raises(ResourceExhausted, match="queue is full"):
+        s.add(seq(4, "late"))
+    s.schedule()
+    with pytest.raises(ResourceExhausted):  # 2 running + 1 waiting: still full
+        s.add(seq(4, "late"))
+    s.finish(s.running[0], FinishReason.LENGTH)
+    s.add(seq(4, "late"))
+
+
+def test_aborts_are_drained_from_running_and_waiting():
+    s = Scheduler(max_running_seqs=1, max_batch_tokens=100, max_queue=5)
+    a, b = seq(4, "a"), seq(4, "b")
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    a.abort_requested = b.abort_requested = True
+    assert s.drain_aborts() == [a]
+    assert a.finish_reason is b.finish_reason is FinishReason.ABORT
+    assert not s.has_work and s.schedule().is_empty
+
+
+def test_sequence_stops_on_eos_stop_ids_and_length():
+    x = seq(4, max_tokens=3)
+    assert x.append(10) is None and x.append(11) is None
+    assert x.append(12) is FinishReason.LENGTH
+    assert seq(4).append(3) is FinishReason.STOP  # the model's EOS
+    assert seq(4, ignore_eos=True).append(3) is None
+    assert seq(4, stop_token_ids=(9,)).append(9) is FinishReason.STOP
+    full = seq(60, max_model_len=62)  # room for 2 only, whatever max_tokens says
+    assert full.max_new_tokens == 2 and full.append(5) is None and full.append(5) is FinishReason.LENGTH
+    lp = seq(4, logprobs=True)
+    lp.append(7, -1.5)
+    assert lp.logprobs == [-1.5] and lp.total_len == 5
