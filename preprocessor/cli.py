@@ -3,13 +3,74 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 import sys
+from pathlib import Path
+
+from preprocessor.limits import Limits
+
+DEFAULTS = Limits()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--engine", default="127.0.0.1:50061", help="HOST:PORT of splice.v1.Engine")
+    parser.add_argument("--model", default=None,
+                        help="tokenizer/processor source (tiny name, folder or cached HF id); default: the model "
+                             "the engine reports")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    parser.add_argument("--allowed-media-dir", type=Path, default=None,
+                        help="allow image paths under this directory (off by default)")
+    parser.add_argument("--max-image-bytes", type=int, default=DEFAULTS.max_image_bytes)
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels)
+    parser.add_argument("--max-images", type=int, default=DEFAULTS.max_images)
+    parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
+    parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
+    parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
+                  max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
+                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from preprocessor.server import PreprocessorServer
+    from splice.models import resolve_model
+
+    server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
+                                limits=limits_from_args(args), poll_interval=args.poll_interval,
+                                resolve=resolve_model)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    port = await server.start()
+    try:
+        ready = asyncio.create_task(server.ready.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            print(f"preprocessor serving on {args.host}:{port}", flush=True)
+            await stopped
+        ready.cancel()
+    finally:
+        await server.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-    print("splice preprocessor: not yet implemented in this version (see the open issues).", file=sys.stderr)
-    return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        limits_from_args(args)
+    except ValueError as exc:
+        print(f"splice preprocessor: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(args))
+    return 0

@@ -1,0 +1,104 @@
+"""Parsed request content: plain dataclasses, one per kind of part, each knowing where it came from.
+
+Decoding (image bytes, tensor encodings) happens later, in images.py / embeds.py, under the limits;
+these only carry the caller's payload and its location for error messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from splice.errors import InvalidArgument
+
+# Sources of an image and encodings of prompt embeddings, as named in preprocessor.proto.
+IMAGE_SOURCES = ("data", "url", "path")
+EMBEDS_ENCODINGS = ("tensor", "torch_base64", "safetensors")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Location of a part in the request, for error messages."""
+
+    message: int | None  # index in ChatRequest.messages; None for Complete prompts
+    part: int  # index in the message's content (or in CompleteRequest.prompt)
+
+    def __str__(self) -> str:
+        if self.message is None:
+            return f"prompt[{self.part}]"
+        return f"messages[{self.message}].content[{self.part}]"
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    where: Where
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    ids: tuple[int, ...]
+    where: Where
+
+
+@dataclass(frozen=True)
+class Image:
+    source: str  # one of IMAGE_SOURCES
+    value: bytes | str  # bytes for "data", the URL for "url", the path for "path"
+    where: Where
+
+    def __post_init__(self) -> None:
+        if self.source not in IMAGE_SOURCES:
+            raise InvalidArgument(f"{self.where}: image has no source; set data, url or path")
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """splice.v1.Tensor, not yet checked or allocated."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Embeds:
+    encoding: str  # one of EMBEDS_ENCODINGS
+    payload: RawTensor | str | bytes  # RawTensor for "tensor", str for "torch_base64", bytes for "safetensors"
+    where: Where
+
+    def __post_init__(self) -> None:
+        if self.encoding not in EMBEDS_ENCODINGS:
+            raise InvalidArgument(f"{self.where}: prompt_embeds has no encoding; set tensor, torch_base64 or "
+                                  f"safetensors")
+
+
+Part = Text | Image | Embeds
+PromptPart = Text | TokenIds | Embeds
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    parts: tuple[Part, ...]
+    as_string: bool  # the caller used the plain-string form (ChatMessage.text)
+    index: int
+
+    def __post_init__(self) -> None:
+        if not self.role:
+            raise InvalidArgument(f"messages[{self.index}]: role is empty")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[Message, ...]
+    add_generation_prompt: bool = True
+    chat_template: str | None = None  # overrides the model's template
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise InvalidArgument("messages is empty")
+
+    def parts(self, kind: type) -> list:
+        return [p for m in self.messages for p in m.parts if isinstance(p, kind)]

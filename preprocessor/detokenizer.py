@@ -1,0 +1,40 @@
+"""Incremental detokenization that never emits half a character.
+
+Byte-level tokenizers split multi-byte UTF-8 characters across tokens; decoding such a prefix yields
+U+FFFD. Text is released only once the decoded window no longer ends in U+FFFD. A short window of
+earlier tokens is decoded along with the new ones because tokenizers (SentencePiece spaces,
+byte-level merges) decode a token differently depending on what precedes it.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # tokens before this have been released as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+
+    def push(self, token_id: int) -> str:
+        """Text completed by `token_id` ("" while a character is still incomplete)."""
+        self._ids.append(token_id)
+        before = self._decode(self._ids[self._prefix:self._read])
+        now = self._decode(self._ids[self._prefix:])
+        if len(now) <= len(before) or now.endswith(REPLACEMENT):
+            return ""  # nothing new, or a character still waits for its remaining bytes
+        self._prefix, self._read = self._read, len(self._ids)
+        return now[len(before):]
+
+    def flush(self) -> str:
+        """Whatever is held back when generation ends (an incomplete character decodes as U+FFFD)."""
+        before = self._decode(self._ids[self._prefix:self._read])
+        now = self._decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return now[len(before):] if now.startswith(before) else now

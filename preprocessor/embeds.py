@@ -1,0 +1,139 @@
+"""prompt_embeds decoding: raw tensor, vLLM's base64(torch.save), safetensors -> [n, hidden] rows.
+
+Every size is checked against the cap from metadata (dtype x shape) before the dense tensor is
+allocated; a tensor that is a view of a small storage (expand) is refused before `.contiguous()`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import math
+import struct
+
+import torch
+
+from preprocessor.content import Embeds, RawTensor
+from preprocessor.limits import Limits
+from splice.errors import InvalidArgument
+from splice.model_info import ModelInfo
+from splice.tensors import DTYPES, FLOAT_DTYPES, dtype_from_name, from_bytes
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+MAX_SAFETENSORS_HEADER = 1 << 20
+# torch.save adds a zip container and pickled metadata around the storage bytes.
+TORCH_SAVE_OVERHEAD = 64 * 1024
+
+
+def decode_embeds(part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
+    """[n, hidden] rows in the engine's dtype, validated (float, shape, finite, size)."""
+    if part.encoding == "tensor":
+        tensor = _from_raw(part.payload, part, limits)
+    elif part.encoding == "torch_base64":
+        tensor = _from_torch_base64(part.payload, part, limits)
+    else:
+        tensor = _from_safetensors(part.payload, part, limits)
+    return _normalize(tensor, part, info)
+
+
+def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, limits: Limits) -> None:
+    """dtype and shape checks that need no allocation."""
+    if dtype not in FLOAT_DTYPES:
+        raise InvalidArgument(f"{part.where}: prompt_embeds must be a float tensor, got dtype "
+                              f"{str(dtype).removeprefix('torch.')}")
+    if len(shape) == 3 and shape[0] != 1:
+        raise InvalidArgument(f"{part.where}: prompt_embeds of shape {list(shape)}: a 3-D tensor must be "
+                              f"[1, n, hidden]")
+    if len(shape) not in (2, 3):
+        raise InvalidArgument(f"{part.where}: prompt_embeds must be [n, hidden] or [1, n, hidden], got shape "
+                              f"{list(shape)}")
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{part.where}: prompt_embeds has a negative dimension in {list(shape)}")
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if size > limits.max_embeds_bytes:
+        raise InvalidArgument(f"{part.where}: prompt_embeds of shape {list(shape)} is {size} bytes; at most "
+                              f"{limits.max_embeds_bytes}")
+
+
+def _from_raw(raw: RawTensor, part: Embeds, limits: Limits) -> torch.Tensor:
+    dtype = dtype_from_name(raw.dtype, f"{part.where}: prompt_embeds")
+    _check_meta(dtype, raw.shape, part, limits)
+    return from_bytes(raw.data, dtype, raw.shape, f"{part.where}: prompt_embeds")
+
+
+def _from_torch_base64(text: str, part: Embeds, limits: Limits) -> torch.Tensor:
+    # base64 is 4 characters per 3 bytes: bound the decoded size before decoding.
+    if len(text) * 3 // 4 > limits.max_embeds_bytes + TORCH_SAVE_OVERHEAD:
+        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is {len(text)} characters; the decoded "
+                              f"tensor may be at most {limits.max_embeds_bytes} bytes")
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not valid base64: {exc}") from None
+    try:
+        # weights_only: the unpickler only builds tensors and plain containers, never arbitrary objects.
+        obj = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not a torch.save'd tensor loadable "
+                              f"with weights_only=True ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(obj, torch.Tensor):
+        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 holds a {type(obj).__name__}, not a "
+                              f"tensor")
+    if obj.layout != torch.strided:
+        raise InvalidArgument(f"{part.where}: prompt_embeds must be a dense tensor, got layout {obj.layout}")
+    # The loaded storage is bounded by the payload, but a stride-0 view can describe far more elements;
+    # the cap applies to the logical size, before anything densifies it.
+    _check_meta(obj.dtype, tuple(obj.shape), part, limits)
+    return obj
+
+
+def _from_safetensors(blob: bytes, part: Embeds, limits: Limits) -> torch.Tensor:
+    what = f"{part.where}: prompt_embeds safetensors"
+    if len(blob) < 8:
+        raise InvalidArgument(f"{what}: {len(blob)} bytes is too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if header_len > MAX_SAFETENSORS_HEADER or 8 + header_len > len(blob):
+        raise InvalidArgument(f"{what}: header length {header_len} is invalid for a {len(blob)}-byte file")
+    try:
+        header = json.loads(blob[8:8 + header_len])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{what}: header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise InvalidArgument(f"{what}: header is not a JSON object")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    if len(entries) != 1:
+        raise InvalidArgument(f"{what}: holds {len(entries)} tensors ({sorted(entries)[:8]}); exactly one expected")
+    ((name, entry),) = entries.items()
+    try:
+        st_dtype, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgument(f"{what}: tensor {name!r} has a malformed header entry") from None
+    if st_dtype not in SAFETENSORS_DTYPES:
+        raise InvalidArgument(f"{what}: tensor {name!r} has unsupported dtype {st_dtype}")
+    dtype = DTYPES[SAFETENSORS_DTYPES[st_dtype]]
+    _check_meta(dtype, shape, part, limits)
+    data_start = 8 + header_len
+    if not (0 <= begin <= end <= len(blob) - data_start):
+        raise InvalidArgument(f"{what}: tensor {name!r} data offsets [{begin}, {end}) fall outside the file")
+    return from_bytes(blob[data_start + begin:data_start + end], dtype, shape, what)
+
+
+def _normalize(tensor: torch.Tensor, part: Embeds, info: ModelInfo) -> torch.Tensor:
+    if tensor.dim() == 3:
+        tensor = tensor[0]  # [1, n, hidden] -> [n, hidden]
+    rows, hidden = tensor.shape
+    if rows == 0:
+        raise InvalidArgument(f"{part.where}: prompt_embeds has 0 rows; at least 1 expected")
+    if hidden != info.hidden_size:
+        raise InvalidArgument(f"{part.where}: prompt_embeds hidden size {hidden} does not match the model's "
+                              f"{info.hidden_size}")
+    if not torch.isfinite(tensor).all():
+        raise InvalidArgument(f"{part.where}: prompt_embeds contains NaN or Inf values")
+    target = dtype_from_name(info.dtype, "engine dtype")
+    out = tensor.to(target).contiguous()  # [n, hidden]
+    if not torch.isfinite(out).all():
+        raise InvalidArgument(f"{part.where}: prompt_embeds values overflow the engine's dtype {info.dtype}")
+    return out

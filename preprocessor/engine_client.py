@@ -1,0 +1,69 @@
+"""Async client of splice.v1.Engine: ModelInfo, and Generate as an async generator of EngineOutput.
+
+Closing the generator (the Chat caller went away, or a stop string matched) cancels the engine call,
+which aborts the sequence there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from preprocessor.outputs import LENGTH, STOP, EngineOutput, Usage
+from splice.engine_request import EngineRequest
+from splice.engine_wire import encode_request
+from splice.errors import SpliceError, Unavailable
+from splice.model_info import ModelInfo
+from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+_FINISH = {common_pb2.FINISH_REASON_STOP: STOP, common_pb2.FINISH_REASON_LENGTH: LENGTH}
+
+
+class EngineError(SpliceError):
+    """An error status from the engine, passed on with the engine's own code and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def map_rpc_error(exc: grpc.aio.AioRpcError, target: str) -> SpliceError:
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(f"engine at {target} is unavailable: {exc.details()}")
+    return EngineError(code.name, f"engine: {exc.details()}")
+
+
+def output_from_pb(pb: engine_pb2.GenerateResponse) -> EngineOutput:
+    finish = _FINISH.get(pb.finish_reason)
+    usage = Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens) if finish is not None else None
+    return EngineOutput(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage)
+
+
+class EngineClient:
+    def __init__(self, target: str) -> None:
+        self.target = target
+        # Tensor chunks keep each message small; responses are small too, so default limits suffice.
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = engine_pb2_grpc.EngineStub(self._channel)
+
+    async def get_model_info(self, timeout: float = 5.0) -> ModelInfo:
+        try:
+            pb = await self._stub.GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, self.target) from None
+        return ModelInfo.from_pb(pb)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        call = self._stub.Generate(encode_request(request))
+        try:
+            async for pb in call:
+                yield output_from_pb(pb)
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, self.target) from None
+        finally:
+            call.cancel()  # no-op when the call already ended
+
+    async def close(self) -> None:
+        await self._channel.close()

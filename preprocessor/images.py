@@ -1,0 +1,98 @@
+"""Image decoding: bytes, `data:` URL, or a file under the allowed media dir -> an RGB PIL image.
+
+Size and pixel caps are checked before decoding pixels (Pillow reads only the header on open).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import re
+import warnings
+from pathlib import Path
+
+from PIL import Image as PILImage
+
+from preprocessor.content import Image
+from preprocessor.limits import Limits
+from splice.errors import FailedPrecondition, InvalidArgument
+
+_DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[A-Za-z0-9=.+-]+)*;base64,", re.IGNORECASE)
+
+
+def load_image(part: Image, limits: Limits) -> PILImage.Image:
+    if part.source == "data":
+        blob = bytes(part.value)
+    elif part.source == "url":
+        blob = _from_data_url(str(part.value), part, limits)
+    else:
+        blob = _from_path(str(part.value), part, limits)
+    return decode_image(blob, part, limits)
+
+
+def _check_size(n: int, part: Image, limits: Limits) -> None:
+    if n > limits.max_image_bytes:
+        raise InvalidArgument(f"{part.where}: image is {n} bytes; at most {limits.max_image_bytes}")
+
+
+def _from_data_url(url: str, part: Image, limits: Limits) -> bytes:
+    match = _DATA_URL.match(url)
+    if match is None:
+        raise InvalidArgument(f"{part.where}: image url must be a 'data:image/...;base64,' URL (remote URLs are "
+                              f"not fetched), got {url[:40]!r}")
+    payload = url[match.end():]
+    _check_size(len(payload) * 3 // 4, part, limits)  # bound the decoded size before decoding
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"{part.where}: image data URL is not valid base64: {exc}") from None
+
+
+def _from_path(path: str, part: Image, limits: Limits) -> bytes:
+    if limits.allowed_media_dir is None:
+        raise FailedPrecondition(f"{part.where}: local image paths are disabled; start the preprocessor with "
+                                 f"--allowed-media-dir to allow them")
+    root = Path(os.path.realpath(limits.allowed_media_dir))
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        candidate = root / candidate
+    # realpath resolves every symlink and '..', so a link or traversal out of the root is caught here.
+    real = Path(os.path.realpath(candidate))
+    if real != root and root not in real.parents:
+        raise InvalidArgument(f"{part.where}: image path {path!r} is outside the allowed media directory")
+    if not real.is_file():
+        what = "does not exist" if not real.exists() else "is not a regular file"
+        raise InvalidArgument(f"{part.where}: image path {path!r} {what}")
+    try:
+        # O_NOFOLLOW: a symlink swapped in after the check is not followed.
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise InvalidArgument(f"{part.where}: image path {path!r} cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        _check_size(os.fstat(f.fileno()).st_size, part, limits)
+        return f.read(limits.max_image_bytes + 1)
+
+
+def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
+    _check_size(len(blob), part, limits)
+    if not blob:
+        raise InvalidArgument(f"{part.where}: image is empty")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
+            img = PILImage.open(io.BytesIO(blob))  # reads the header only
+            width, height = img.size
+            if width * height > limits.max_image_pixels:
+                raise InvalidArgument(f"{part.where}: image is {width}x{height} = {width * height} pixels; at most "
+                                      f"{limits.max_image_pixels}")
+            img.load()
+            return img.convert("RGB")
+    except InvalidArgument:
+        raise
+    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning) as exc:
+        raise InvalidArgument(f"{part.where}: image refused as too large: {exc}") from None
+    except Exception as exc:  # PIL raises many types for corrupt files (OSError, SyntaxError, ValueError...)
+        raise InvalidArgument(f"{part.where}: image cannot be decoded ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from None

@@ -1,0 +1,25 @@
+"""Caps on what a request may make the preprocessor decode or allocate, checked before allocation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_image_bytes: int = 20 * MiB  # encoded file size
+    max_image_pixels: int = 4096 * 4096  # width * height, checked from the header before decoding
+    max_images: int = 16  # per request
+    max_embeds_bytes: int = 256 * MiB  # per prompt_embeds part, as its dense tensor in the source dtype
+    max_embeds_parts: int = 32  # per request
+    allowed_media_dir: Path | None = None  # local image paths are refused unless this is set
+
+    def __post_init__(self) -> None:
+        for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.allowed_media_dir is not None and not Path(self.allowed_media_dir).is_dir():
+            raise ValueError(f"allowed media dir {self.allowed_media_dir} is not a directory")

@@ -1,0 +1,167 @@
+"""Conversation / Complete prompt -> EngineRequest (DESIGN.md steps 1-6).
+
+render -> tokenize through the processor (image expansion, pixel tensors) -> expand sentinels ->
+locate all spans -> consume -> validate against the engine's ModelInfo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from preprocessor import sentinel
+from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
+from preprocessor.embeds import decode_embeds
+from preprocessor.images import load_image
+from preprocessor.limits import Limits
+from preprocessor.model_files import ModelFiles
+from preprocessor.template import render
+from preprocessor.validate import check_embeds_supported, check_ids, check_images_supported, check_length
+from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
+from splice.errors import FailedPrecondition, InvalidArgument
+from splice.model_info import ModelInfo
+from splice.sampling import SamplingParams
+
+# Processor outputs that describe the text, not model inputs the engine needs as tensors.
+TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+
+
+@dataclass(frozen=True)
+class Normalized:
+    request: EngineRequest  # what the engine receives
+    prompt: str  # rendered template text with sentinels ("" for Complete)
+    image_token_counts: tuple[int, ...]  # image-token positions per image
+    raw_ids: tuple[int, ...]  # expanded IDs before consumption (sentinels still in place), for debugging
+
+
+def check_text(text: str, files: ModelFiles, where: object) -> None:
+    for bad in files.forbidden_texts:
+        if bad in text:
+            raise InvalidArgument(f"{where}: text contains the reserved string {bad!r} (the "
+                                  f"{'prompt_embeds sentinel' if bad == sentinel.SENTINEL else 'image placeholder'}"
+                                  f"); send images and embeddings as their own content parts")
+
+
+def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits) -> None:
+    if n_images > limits.max_images:
+        raise InvalidArgument(f"the request has {n_images} images; at most {limits.max_images}")
+    if n_embeds > limits.max_embeds_parts:
+        raise InvalidArgument(f"the request has {n_embeds} prompt_embeds parts; at most {limits.max_embeds_parts}")
+    check_images_supported(n_images, info, files.accepts_images)
+    check_embeds_supported(n_embeds, info)
+
+
+def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str, files: ModelFiles,
+                   info: ModelInfo, limits: Limits) -> Normalized:
+    images, embeds = conv.parts(Image), conv.parts(Embeds)
+    _check_counts(len(images), len(embeds), info, files, limits)
+    for text in conv.parts(Text):
+        check_text(text.text, files, text.where)
+    for key, value in conv.template_kwargs.items():
+        if isinstance(value, str):
+            check_text(value, files, f"chat_template_kwargs[{key!r}]")
+    rows = [decode_embeds(p, info, limits) for p in embeds]  # each [n_k, hidden]
+    pictures = [load_image(p, limits) for p in images]
+    prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder)
+    ids, model_inputs = _tokenize(prompt, pictures, files)
+    if pictures and info.image_token_id is not None and info.image_token_id not in ids:
+        raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
+                                 f"{info.image_token_id}: the preprocessor's --model does not match the engine")
+    counts = _image_token_counts(ids, pictures, info, files)
+    return _finish(ids, rows, model_inputs, prompt, counts, sampling, request_id, files, info)
+
+
+def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str, files: ModelFiles,
+                       info: ModelInfo, limits: Limits) -> Normalized:
+    if not parts:
+        raise InvalidArgument("prompt is empty")
+    embeds = [p for p in parts if isinstance(p, Embeds)]
+    _check_counts(0, len(embeds), info, files, limits)
+    ids: list[int] = []
+    rows: list[torch.Tensor] = []
+    for p in parts:
+        if isinstance(p, TokenIds):
+            for i, t in enumerate(p.ids):
+                if not (0 <= t < info.vocab_rows):
+                    raise InvalidArgument(f"{p.where}: token ID {t} (index {i}) is out of range: the engine's "
+                                          f"embedding table has {info.vocab_rows} rows (IDs must be in "
+                                          f"[0, {info.vocab_rows}))")
+            ids.extend(p.ids)
+        elif isinstance(p, Text):
+            check_text(p.text, files, p.where)
+            ids.extend(files.tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        else:
+            rows.append(decode_embeds(p, info, limits))
+            ids.append(files.sentinel_id)
+    return _finish(ids, rows, {}, "", (), sampling, request_id, files, info)
+
+
+def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: ModelInfo) -> list[int]:
+    check_text(text, files, "text")
+    ids = files.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    check_ids(ids, info)
+    return ids
+
+
+def _tokenize(prompt: str, pictures: list, files: ModelFiles) -> tuple[list[int], dict[str, torch.Tensor]]:
+    tok = files.tokenizer
+    if files.processor is None:
+        # As tokenizer.apply_chat_template(tokenize=True): the template writes any BOS itself.
+        return tok(prompt, add_special_tokens=False)["input_ids"], {}
+    kwargs = {}
+    if tok.bos_token is not None and prompt.startswith(tok.bos_token):
+        kwargs["add_special_tokens"] = False  # as processor.apply_chat_template: no second BOS
+    try:
+        out = files.processor(text=prompt, images=pictures or None, return_tensors="pt", **kwargs)
+    except ValueError as exc:  # e.g. placeholder count != image count
+        raise InvalidArgument(f"the processor refused the rendered prompt: {exc}") from None
+    ids = out["input_ids"]  # [1, seq_len]
+    tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
+    return ids[0].tolist(), tensors
+
+
+def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: ModelFiles) -> tuple[int, ...]:
+    """Image-token positions per image: by contiguous runs when there is one run per image (LLaVA),
+    else by asking the processor for each image alone (tiled layouts split one image into many runs)."""
+    if not pictures or info.image_token_id is None:
+        return ()
+    runs: list[int] = []
+    prev = False
+    for t in ids:
+        is_image = t == info.image_token_id
+        if is_image and not prev:
+            runs.append(0)
+        if is_image:
+            runs[-1] += 1
+        prev = is_image
+    if len(runs) == len(pictures):
+        return tuple(runs)
+    counts = []
+    for pic in pictures:
+        alone = files.processor(text=files.image_placeholder, images=[pic], return_tensors="pt")["input_ids"]
+        counts.append(int((alone == info.image_token_id).sum()))
+    if sum(counts) != sum(runs):
+        raise InvalidArgument(f"image tokens in the prompt ({sum(runs)}) do not match the processor's per-image "
+                              f"counts {counts}")
+    return tuple(counts)
+
+
+def _finish(ids: list[int], rows: list[torch.Tensor], model_inputs: dict[str, torch.Tensor], prompt: str,
+            image_counts: tuple[int, ...], sampling: SamplingParams, request_id: str, files: ModelFiles,
+            info: ModelInfo) -> Normalized:
+    expanded, spans = sentinel.expand(ids, files.sentinel_id, [r.shape[0] for r in rows])
+    consumed = sentinel.consume(expanded, spans, files.sentinel_id)
+    check_length(len(consumed), info)
+    check_ids(consumed, info)
+    tensors = [NamedTensor(PROMPT_EMBEDS, r) for r in rows]
+    tensors += [NamedTensor(name, t) for name, t in model_inputs.items()]
+    request = EngineRequest(
+        request_id=request_id,
+        token_ids=consumed,
+        embed_spans=[EmbedSpan(s.offset, s.length, k) for k, s in enumerate(spans)],
+        tensors=tensors,
+        sampling=sampling,
+    )
+    return Normalized(request, prompt, image_counts, tuple(expanded))

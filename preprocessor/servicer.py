@@ -1,0 +1,59 @@
+"""splice.v1.Preprocessor servicer: decode pb -> one core call -> encode pb. Errors go to the interceptor."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+import grpc
+
+from preprocessor.convert import chunk_to_pb, conversation_from_pb, prompt_from_pb, tokenize_to_pb
+from preprocessor.service import PreprocessorCore
+from splice.errors import InvalidArgument
+from splice.sampling import SamplingParams
+from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
+
+
+class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
+    def __init__(self, core: Callable[[], PreprocessorCore]) -> None:
+        # A getter, not the core: the server swaps the core when the engine (re)appears; it raises
+        # Unavailable while there is none.
+        self._core = core
+
+    async def Chat(self, request: preprocessor_pb2.ChatRequest,
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
+        core = self._core()
+        conv = conversation_from_pb(request)
+        sampling = SamplingParams.from_pb(request.sampling)
+        # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
+        async with aclosing(core.chat(conv, sampling, request.request_id)) as chunks:
+            async for chunk in chunks:
+                yield chunk_to_pb(chunk)
+
+    async def Complete(self, request: preprocessor_pb2.CompleteRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
+        core = self._core()
+        parts = prompt_from_pb(request)
+        sampling = SamplingParams.from_pb(request.sampling)
+        async with aclosing(core.complete(parts, sampling, request.request_id)) as chunks:
+            async for chunk in chunks:
+                yield chunk_to_pb(chunk)
+
+    async def Tokenize(self, request: preprocessor_pb2.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> preprocessor_pb2.TokenizeResponse:
+        core = self._core()
+        kind = request.WhichOneof("input")
+        if kind == "chat":
+            return tokenize_to_pb(core.tokenize_chat(conversation_from_pb(request.chat)))
+        if kind == "text":
+            return tokenize_to_pb(core.tokenize_text(request.text, request.add_special_tokens))
+        raise InvalidArgument("TokenizeRequest has no input; set chat or text")
+
+    async def Detokenize(self, request: preprocessor_pb2.DetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> preprocessor_pb2.DetokenizeResponse:
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return preprocessor_pb2.DetokenizeResponse(text=self._core().detokenize(list(request.token_ids), skip))
+
+    async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
+                           context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
+        return self._core().model_info().to_pb()

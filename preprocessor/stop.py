@@ -1,0 +1,48 @@
+"""Stop strings on streamed text: a possible partial match is held back, the matched string is dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopMatcher:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._pending = ""  # text not yet released; never longer than the longest stop string - 1 between calls
+        self.matched: str | None = None  # the stop string that ended the output
+
+    def push(self, text: str) -> str:
+        """Text safe to release after appending `text`; once a stop string matched, everything is dropped."""
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        self._pending += text
+        first = None
+        for stop in self._stops:
+            at = self._pending.find(stop)
+            if at != -1 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            self.matched = first[1]
+            out, self._pending = self._pending[:first[0]], ""
+            return out
+        hold = self._hold_length()
+        out = self._pending[:len(self._pending) - hold]
+        self._pending = self._pending[len(self._pending) - hold:]
+        return out
+
+    def _hold_length(self) -> int:
+        """Length of the longest suffix of the pending text that begins some stop string."""
+        best = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(stop[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        """Held-back text at the end of generation (it never completed a stop string)."""
+        out, self._pending = ("" if self.matched is not None else self._pending), ""
+        return out

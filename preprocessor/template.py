@@ -1,0 +1,118 @@
+"""Chat template rendering: the model's own (processor or tokenizer) or an override, with kwargs.
+
+Content format follows vLLM's auto-detection: a template that loops over `message['content']` gets
+OpenAI-style part lists, any other gets strings. Each prompt_embeds part becomes ONE sentinel string;
+each image becomes the template's image part (list format) or the processor's placeholder (string
+format), so that the processor later finds its own placeholder and expands it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from preprocessor.content import Conversation, Embeds, Image, Text
+from preprocessor.sentinel import SENTINEL
+from splice.errors import FailedPrecondition, InvalidArgument
+
+STRING = "string"
+OPENAI = "openai"
+# Arguments of apply_chat_template that the caller's kwargs must not replace.
+RESERVED_KWARGS = frozenset({"conversation", "messages", "chat_template", "add_generation_prompt", "tokenize",
+                             "return_dict", "return_tensors", "tokenizer_kwargs", "return_assistant_tokens_mask",
+                             "continue_final_message", "padding", "truncation", "max_length"})
+
+
+def _is_content(node: nodes.Node) -> bool:
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "content"
+    return False
+
+
+def _iterates_content(node: nodes.Node, aliases: set[str]) -> bool:
+    while isinstance(node, nodes.Filter) and node.node is not None:  # `message['content'] | list`
+        node = node.node
+    return _is_content(node) or (isinstance(node, nodes.Name) and node.name in aliases)
+
+
+def _environment(template: str) -> jinja2.Environment:
+    """The environment transformers renders with (it adds extensions such as `{% generation %}`)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template).environment
+    except ImportError:  # a transformers without the private helper: plain sandbox, no extensions
+        return ImmutableSandboxedEnvironment()
+    except jinja2.TemplateSyntaxError:
+        return ImmutableSandboxedEnvironment()  # parse() below reports the error
+
+
+@lru_cache(maxsize=32)
+def content_format(template: str) -> str:
+    """OPENAI when the template loops over a message's content (or a variable set from it), else STRING."""
+    try:
+        ast = _environment(template).parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise InvalidArgument(f"chat template has a syntax error: {exc}") from None
+    aliases = {a.target.name for a in ast.find_all(nodes.Assign)
+               if isinstance(a.target, nodes.Name) and _is_content(a.node)}
+    return OPENAI if any(_iterates_content(f.iter, aliases) for f in ast.find_all(nodes.For)) else STRING
+
+
+def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None) -> list[dict[str, Any]]:
+    """The conversation as the template sees it: prompt_embeds -> SENTINEL, images -> image parts."""
+    out = []
+    for msg in conv.messages:
+        if fmt == OPENAI:
+            content: Any = []
+            for p in msg.parts:
+                if isinstance(p, Text):
+                    content.append({"type": "text", "text": p.text})
+                elif isinstance(p, Embeds):
+                    content.append({"type": "text", "text": SENTINEL})
+                else:
+                    content.append({"type": "image"})
+        else:
+            pieces: list[str] = []
+            prev_text = False
+            for p in msg.parts:
+                if isinstance(p, Text):
+                    # Like vLLM, consecutive text parts are joined by a newline.
+                    pieces.append(("\n" if prev_text else "") + p.text)
+                elif isinstance(p, Embeds):
+                    pieces.append(SENTINEL)
+                elif isinstance(p, Image):
+                    if image_placeholder is None:
+                        raise FailedPrecondition(f"{p.where}: this model's processor has no image placeholder")
+                    pieces.append(image_placeholder)
+                prev_text = isinstance(p, Text)
+            content = "".join(pieces)
+        out.append({"role": msg.role, "content": content})
+    return out
+
+
+def render(tokenizer, template: str | None, conv: Conversation, image_placeholder: str | None) -> str:
+    """The rendered prompt text (sentinels and image placeholders included)."""
+    chosen = conv.chat_template or template
+    if not chosen:
+        raise FailedPrecondition("the model has no chat template; pass chat_template or use Complete")
+    bad = sorted(RESERVED_KWARGS & conv.template_kwargs.keys())
+    if bad:
+        raise InvalidArgument(f"chat_template_kwargs may not set {bad}")
+    messages = template_messages(conv, content_format(chosen), image_placeholder)
+    try:
+        prompt = tokenizer.apply_chat_template(messages, chat_template=chosen, tokenize=False,
+                                               add_generation_prompt=conv.add_generation_prompt,
+                                               **conv.template_kwargs)
+    except jinja2.TemplateError as exc:
+        # Templates signal bad conversations with raise_exception(...), e.g. roles out of order.
+        raise InvalidArgument(f"chat template failed: {exc}") from None
+    if not isinstance(prompt, str):
+        raise InvalidArgument("chat template did not render to text")
+    return prompt

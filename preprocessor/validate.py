@@ -1,0 +1,38 @@
+"""Checks of a normalized prompt against the ENGINE's bounds (ModelInfo), never the tokenizer's length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from splice.errors import FailedPrecondition, InvalidArgument
+from splice.model_info import PROMPT_EMBEDS, ModelInfo
+
+
+def check_ids(ids: Sequence[int], info: ModelInfo, what: str = "token ID") -> None:
+    for pos, t in enumerate(ids):
+        if not (0 <= t < info.vocab_rows):
+            raise InvalidArgument(f"{what} {t} at position {pos} is out of range: the engine's embedding table has "
+                                  f"{info.vocab_rows} rows (IDs must be in [0, {info.vocab_rows}))")
+
+
+def check_length(n: int, info: ModelInfo) -> None:
+    if n == 0:
+        raise InvalidArgument("the prompt is empty")
+    if n > info.max_model_len:
+        raise InvalidArgument(f"the prompt is {n} positions long; the engine's max_model_len is "
+                              f"{info.max_model_len}")
+
+
+def check_images_supported(n_images: int, info: ModelInfo, processor_has_images: bool) -> None:
+    if n_images and not info.accepts_images:
+        raise FailedPrecondition(f"the request has {n_images} image(s), but the served model "
+                                 f"({info.architecture}) does not accept images")
+    if n_images and not processor_has_images:
+        raise FailedPrecondition("the request has images, but the preprocessor's model files have no image "
+                                 "processor")
+
+
+def check_embeds_supported(n_parts: int, info: ModelInfo) -> None:
+    if n_parts and PROMPT_EMBEDS not in info.input_kinds:
+        raise FailedPrecondition(f"the request has {n_parts} prompt_embeds part(s), but the served model does not "
+                                 f"accept prompt embeddings")

@@ -1,0 +1,132 @@
+"""Images by bytes, data: URL and allowed path; caps, corrupt files and path escapes are rejected."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+
+import pytest
+from PIL import Image as PILImage
+
+from preprocessor.content import Image, Where
+from preprocessor.images import load_image
+from preprocessor.limits import Limits
+from preprocessor.service import PreprocessorCore
+from splice.errors import SpliceError
+from tests.preprocessor.pp_factories import conversation, png_bytes
+
+WHERE = Where(0, 1)
+
+
+def _reject(part: Image, limits: Limits, code: str = "INVALID_ARGUMENT") -> str:
+    with pytest.raises(SpliceError) as exc:
+        load_image(part, limits)
+    assert exc.value.code == code
+    assert "messages[0].content[1]" in exc.value.message
+    return exc.value.message
+
+
+def _data_url(blob: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(blob).decode()
+
+
+def test_sources_decode_to_the_same_rgb_image(tmp_path):
+    blob = png_bytes(20, 10)
+    (tmp_path / "a.png").write_bytes(blob)
+    limits = Limits(allowed_media_dir=tmp_path)
+    expected = PILImage.open(io.BytesIO(blob)).convert("RGB")
+    for part in (Image("data", blob, WHERE), Image("url", _data_url(blob), WHERE),
+                 Image("path", "a.png", WHERE), Image("path", str(tmp_path / "a.png"), WHERE)):
+        got = load_image(part, limits)
+        assert got.mode == "RGB" and got.tobytes() == expected.tobytes(), part.source
+
+
+def test_rgba_and_grayscale_become_rgb():
+    for mode in ("RGBA", "L", "P"):
+        buf = io.BytesIO()
+        PILImage.new(mode, (8, 8)).save(buf, format="PNG")
+        assert load_image(Image("data", buf.getvalue(), WHERE), Limits()).mode == "RGB"
+
+
+def test_corrupt_image_rejected():
+    assert "cannot be decoded" in _reject(Image("data", b"\x89PNG\r\n\x1a\nnot really", WHERE), Limits())
+    truncated = png_bytes(40, 40)[:60]
+    assert "cannot be decoded" in _reject(Image("data", truncated, WHERE), Limits())
+
+
+def test_empty_image_rejected():
+    assert "empty" in _reject(Image("data", b"", WHERE), Limits())
+
+
+def test_pixel_cap_checked_from_header():
+    msg = _reject(Image("data", png_bytes(70, 45), WHERE), Limits(max_image_pixels=1000))
+    assert "70x45" in msg and "at most 1000" in msg
+
+
+def test_byte_cap():
+    blob = png_bytes(70, 45)
+    assert "at most 100" in _reject(Image("data", blob, WHERE), Limits(max_image_bytes=100))
+    assert "at most 100" in _reject(Image("url", _data_url(blob), WHERE), Limits(max_image_bytes=100))
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a.png", "file:///etc/passwd", "data:text/plain;base64,QQ=="])
+def test_only_data_image_urls(url):
+    assert "data:image/" in _reject(Image("url", url, WHERE), Limits())
+
+
+def test_bad_base64_data_url():
+    assert "not valid base64" in _reject(Image("url", "data:image/png;base64,@@@", WHERE), Limits())
+
+
+def test_paths_disabled_by_default():
+    msg = _reject(Image("path", "/etc/hosts", WHERE), Limits(), code="FAILED_PRECONDITION")
+    assert "--allowed-media-dir" in msg
+
+
+def test_path_traversal_rejected(tmp_path):
+    root = tmp_path / "media"
+    root.mkdir()
+    (tmp_path / "secret.png").write_bytes(png_bytes())
+    limits = Limits(allowed_media_dir=root)
+    for path in ("../secret.png", str(tmp_path / "secret.png"), "sub/../../secret.png"):
+        assert "outside the allowed media directory" in _reject(Image("path", path, WHERE), limits)
+
+
+def test_symlink_out_of_root_rejected(tmp_path):
+    root = tmp_path / "media"
+    root.mkdir()
+    (tmp_path / "secret.png").write_bytes(png_bytes())
+    os.symlink(tmp_path / "secret.png", root / "link.png")
+    os.symlink(tmp_path, root / "dirlink")
+    limits = Limits(allowed_media_dir=root)
+    assert "outside" in _reject(Image("path", "link.png", WHERE), limits)
+    assert "outside" in _reject(Image("path", "dirlink/secret.png", WHERE), limits)
+
+
+def test_symlink_inside_root_allowed(tmp_path):
+    (tmp_path / "real.png").write_bytes(png_bytes(5, 5))
+    os.symlink(tmp_path / "real.png", tmp_path / "alias.png")
+    assert load_image(Image("path", "alias.png", WHERE), Limits(allowed_media_dir=tmp_path)).size == (5, 5)
+
+
+def test_missing_file_and_directory_rejected(tmp_path):
+    (tmp_path / "d").mkdir()
+    limits = Limits(allowed_media_dir=tmp_path)
+    assert "does not exist" in _reject(Image("path", "nope.png", WHERE), limits)
+    assert "not a regular file" in _reject(Image("path", "d", WHERE), limits)
+
+
+def test_images_on_a_text_model_fail_precondition(tiny):
+    files, info = tiny["tiny-text"]
+    with pytest.raises(SpliceError) as exc:
+        PreprocessorCore(files, info).normalize_chat(conversation(("user", [png_bytes(), "hi"])))
+    assert exc.value.code == "FAILED_PRECONDITION" and "does not accept images" in exc.value.message
+
+
+def test_too_many_images(tiny):
+    files, info = tiny["tiny-llava"]
+    core = PreprocessorCore(files, info, limits=Limits(max_images=1))
+    with pytest.raises(SpliceError) as exc:
+        core.normalize_chat(conversation(("user", [png_bytes(), png_bytes(), "hi"])))
+    assert exc.value.code == "INVALID_ARGUMENT" and "2 images; at most 1" in exc.value.message

@@ -1,0 +1,168 @@
+"""prompt_embeds: the three encodings decode to the same rows; every rejection names the part."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from preprocessor.content import Embeds, Where
+from preprocessor.embeds import decode_embeds
+from preprocessor.limits import Limits
+from splice.errors import SpliceError
+from tests.preprocessor.pp_factories import raw, rows
+
+WHERE = Where(1, 2)
+
+
+def _b64(obj) -> str:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _reject(part: Embeds, info, limits: Limits | None = None) -> SpliceError:
+    with pytest.raises(SpliceError) as exc:
+        decode_embeds(part, info, limits or Limits())
+    assert exc.value.code == "INVALID_ARGUMENT"
+    assert "messages[1].content[2]" in exc.value.message
+    return exc.value
+
+
+@pytest.fixture
+def info(tiny):
+    return tiny["tiny-text"][1]
+
+
+def test_three_encodings_agree(info):
+    x = rows(4, info.hidden_size)  # [4, hidden]
+    for part in (Embeds("tensor", raw(x), WHERE), Embeds("torch_base64", _b64(x), WHERE),
+                 Embeds("safetensors", st_save({"embeds": x}), WHERE),
+                 Embeds("tensor", raw(x[None]), WHERE), Embeds("torch_base64", _b64(x[None]), WHERE)):
+        got = decode_embeds(part, info, Limits())
+        assert got.shape == (4, info.hidden_size) and torch.equal(got, x), part.encoding
+
+
+def test_float64_is_cast_to_engine_dtype(info):
+    x = rows(2, info.hidden_size).double()
+    got = decode_embeds(Embeds("safetensors", st_save({"e": x}), WHERE), info, Limits())
+    assert got.dtype == torch.float32 and torch.equal(got, x.float())
+
+
+@pytest.mark.parametrize("encoding", ["tensor", "torch_base64", "safetensors"])
+def test_non_float_rejected(info, encoding):
+    x = torch.ones(2, info.hidden_size, dtype=torch.int64)
+    payload = {"tensor": raw(x), "torch_base64": _b64(x), "safetensors": st_save({"e": x})}[encoding]
+    err = _reject(Embeds(encoding, payload, WHERE), info)
+    assert "float" in err.message and "int64" in err.message
+
+
+def test_wrong_hidden_size_rejected(info):
+    err = _reject(Embeds("tensor", raw(rows(2, info.hidden_size + 1)), WHERE), info)
+    assert f"hidden size {info.hidden_size + 1}" in err.message and str(info.hidden_size) in err.message
+
+
+def test_zero_rows_rejected(info):
+    err = _reject(Embeds("tensor", raw(torch.empty(0, info.hidden_size)), WHERE), info)
+    assert "0 rows" in err.message
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_rejected(info, bad):
+    x = rows(3, info.hidden_size)
+    x[1, 5] = bad
+    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info)
+    assert "NaN or Inf" in err.message
+
+
+def test_overflow_on_cast_rejected(info):
+    from dataclasses import replace
+
+    x = torch.full((1, info.hidden_size), 1e6)  # finite in float32, inf in float16
+    err = _reject(Embeds("tensor", raw(x), WHERE), replace(info, dtype="float16"))
+    assert "overflow" in err.message and "float16" in err.message
+
+
+@pytest.mark.parametrize("shape", [[2, 3, 64], [64], [1, 1, 3, 64]])
+def test_bad_rank_rejected(info, shape):
+    err = _reject(Embeds("tensor", raw(torch.zeros(shape)), WHERE), info)
+    assert str(shape) in err.message
+
+
+def test_oversize_rejected_before_allocation(info):
+    # The declared shape alone is over the cap: no bytes are sent, so only metadata can be checked.
+    from preprocessor.content import RawTensor
+
+    part = Embeds("tensor", RawTensor("float32", (1 << 20, info.hidden_size), b""), WHERE)
+    err = _reject(part, info, Limits(max_embeds_bytes=1 << 20))
+    assert "bytes; at most 1048576" in err.message
+
+
+def test_expanded_view_rejected_by_logical_size(info):
+    # A stride-0 view saves a tiny storage but describes a huge tensor; densifying it would allocate it.
+    x = torch.zeros(1, info.hidden_size).expand(100_000, info.hidden_size)
+    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info, Limits(max_embeds_bytes=1 << 20))
+    assert "at most 1048576" in err.message
+
+
+def test_torch_base64_payload_size_capped(info):
+    err = _reject(Embeds("torch_base64", "A" * (4 << 20), WHERE), info, Limits(max_embeds_bytes=1 << 20))
+    assert "characters" in err.message
+
+
+@pytest.mark.parametrize(("payload", "needle"), [
+    ("not base64!!", "not valid base64"),
+    (base64.b64encode(b"garbage").decode(), "weights_only=True"),
+])
+def test_torch_base64_garbage_rejected(info, payload, needle):
+    assert needle in _reject(Embeds("torch_base64", payload, WHERE), info).message
+
+
+def test_torch_base64_non_tensor_rejected(info):
+    err = _reject(Embeds("torch_base64", _b64({"x": torch.zeros(2, 64)}), WHERE), info)
+    assert "dict, not a tensor" in err.message
+
+
+def test_torch_base64_sparse_rejected(info):
+    x = torch.zeros(2, info.hidden_size)
+    x[0, 0] = 1.0
+    err = _reject(Embeds("torch_base64", _b64(x.to_sparse()), WHERE), info)
+    assert "dense" in err.message
+
+
+def test_torch_base64_arbitrary_objects_refused(info):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    err = _reject(Embeds("torch_base64", _b64(Evil()), WHERE), info)
+    assert "weights_only=True" in err.message
+
+
+def test_safetensors_two_tensors_rejected(info):
+    blob = st_save({"a": rows(1, info.hidden_size), "b": rows(1, info.hidden_size)})
+    assert "holds 2 tensors" in _reject(Embeds("safetensors", blob, WHERE), info).message
+
+
+def test_safetensors_oversize_rejected_from_header(info):
+    header = json.dumps({"e": {"dtype": "F32", "shape": [1 << 20, info.hidden_size], "data_offsets": [0, 0]}})
+    blob = struct.pack("<Q", len(header)) + header.encode()
+    err = _reject(Embeds("safetensors", blob, WHERE), info, Limits(max_embeds_bytes=1 << 20))
+    assert "at most 1048576" in err.message
+
+
+@pytest.mark.parametrize("blob", [b"", b"\xff" * 8 + b"{}", struct.pack("<Q", 2) + b"[]"])
+def test_safetensors_malformed_rejected(info, blob):
+    assert "safetensors" in _reject(Embeds("safetensors", blob, WHERE), info).message
+
+
+def test_raw_tensor_byte_count_mismatch_rejected(info):
+    from preprocessor.content import RawTensor
+
+    part = Embeds("tensor", RawTensor("float32", (2, info.hidden_size), b"\0" * 12), WHERE)
+    assert "expected" in _reject(part, info).message
