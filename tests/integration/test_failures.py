@@ -1,0 +1,95 @@
+"""Engine loss and cancellation, each on a stack of its own (they stop or saturate the engine)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from clients import SpliceClient, SpliceClientError
+from splice.launch import start, start_stack, wait_healthy
+from tests.integration.conftest import MODEL
+
+LONG = {"temperature": 0.0, "max_tokens": 1500, "ignore_eos": True}
+
+
+def test_engine_killed_mid_stream_gives_unavailable_then_recovers(tiny_dirs):
+    engine, pre = start_stack(MODEL)
+    try:
+        port = engine.address.rsplit(":", 1)[1]
+        with SpliceClient(pre.address, timeout=120) as client:
+            stream = client.chat([{"role": "user", "content": "Tell me a long story."}], **LONG)
+            next(stream)  # streaming has begun
+            engine.kill()
+            killed_at = time.monotonic()
+            with pytest.raises(SpliceClientError) as err:
+                for _ in stream:
+                    pass
+            waited = time.monotonic() - killed_at
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE, err.value
+            # "promptly": well inside the 120 s call deadline, i.e. not discovered by a timeout
+            assert waited < 60, f"UNAVAILABLE only after {waited:.1f}s"
+
+            engine = start("engine", ["--model", MODEL, "--host", "127.0.0.1", "--port", port])
+            wait_healthy(engine.address)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
+                    break
+                except SpliceClientError as exc:
+                    if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        pre.stop()
+        engine.stop()
+
+
+def test_cancelled_stream_frees_the_engine_slot(tiny_dirs):
+    # one running sequence and no queue: a second request is refused while the slot is taken
+    engine, pre = start_stack(MODEL, engine_args=["--max-running-seqs", "1", "--max-queue", "0"])
+    try:
+        with SpliceClient(pre.address, timeout=120) as client:
+            stream = client.chat([{"role": "user", "content": "Tell me a long story."}], **LONG)
+            next(stream)
+            with pytest.raises(SpliceClientError) as busy:
+                list(client.chat([{"role": "user", "content": "Hi"}], max_tokens=2))
+            assert busy.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, busy.value
+            stream.close()  # cancels the call, which aborts the sequence in the engine
+
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    chunks = list(client.chat([{"role": "user", "content": "Hi"}], temperature=0.0, max_tokens=2))
+                    break
+                except SpliceClientError as exc:
+                    if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        pre.stop()
+        engine.stop()
+
+
+def test_concurrent_clients_all_finish(stack):
+    _, pre = stack
+    results: dict[int, list] = {}
+
+    def one(i: int) -> None:
+        with SpliceClient(pre.address, timeout=120) as client:
+            results[i] = list(client.chat([{"role": "user", "content": f"Count to {i}."}], temperature=0.0,
+                                          max_tokens=4 + i, ignore_eos=True))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert sorted(results) == list(range(6))
+    for i, chunks in results.items():
+        assert chunks[-1].usage.completion_tokens == 4 + i
