@@ -32,7 +32,7 @@ TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 class Normalized:
     request: EngineRequest  # what the engine receives
     prompt: str  # rendered template text with sentinels ("" for Complete)
-    image_token_counts: tuple[int, ...]  # image-token positions per image
+    image_token_counts: tuple[int, ...]  # image-token positions per image (when asked for)
     raw_ids: tuple[int, ...]  # expanded IDs before consumption (sentinels still in place), for debugging
 
 
@@ -54,7 +54,9 @@ def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFil
 
 
 def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str, files: ModelFiles,
-                   info: ModelInfo, limits: Limits) -> Normalized:
+                   info: ModelInfo, limits: Limits, count_images: bool = False) -> Normalized:
+    """`count_images` fills Normalized.image_token_counts (Tokenize's answer); tiled layouts pay a processor
+    run per image for it, so the generation path leaves it off."""
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits)
     for text in conv.parts(Text):
@@ -69,7 +71,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     if pictures and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
                                  f"{info.image_token_id}: the preprocessor's --model does not match the engine")
-    counts = _image_token_counts(ids, pictures, info, files)
+    counts = _image_token_counts(ids, pictures, info, files) if count_images else ()
     return _finish(ids, rows, model_inputs, prompt, counts, sampling, request_id, files, info)
 
 

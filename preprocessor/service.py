@@ -38,9 +38,9 @@ class PreprocessorCore:
         return request_id or uuid.uuid4().hex
 
     def normalize_chat(self, conv: Conversation, sampling: SamplingParams | None = None,
-                       request_id: str = "") -> Normalized:
+                       request_id: str = "", count_images: bool = False) -> Normalized:
         return normalize_chat(conv, sampling or SamplingParams(), self._request_id(request_id), self.files,
-                              self.info, self.limits)
+                              self.info, self.limits, count_images)
 
     def normalize_complete(self, parts: Sequence[PromptPart], sampling: SamplingParams | None = None,
                            request_id: str = "") -> Normalized:
@@ -72,7 +72,7 @@ class PreprocessorCore:
                 yield chunk
 
     def tokenize_chat(self, conv: Conversation) -> TokenizeResult:
-        n = self.normalize_chat(conv)
+        n = self.normalize_chat(conv, count_images=True)
         return TokenizeResult(tuple(n.request.token_ids),
                               tuple((s.offset, s.length, s.tensor_index) for s in n.request.embed_spans),
                               n.prompt, n.image_token_counts)

@@ -40,7 +40,7 @@ def test_two_spans_and_an_image(tiny, tiny_dirs, name):
     user = ([image] if with_image else []) + ["Compare ", a, " with ", b, " please."]
     conv = conversation(("system", "Be brief."), ("user", user))
     core = PreprocessorCore(files, info)
-    norm = core.normalize_chat(conv)
+    norm = core.normalize_chat(conv, count_images=True)
     req = norm.request
 
     # The sentinel overflows the vocabulary before consumption and never reaches the engine.
@@ -104,7 +104,7 @@ def test_batched_shape_and_dtype_cast(tiny):
 def test_multiple_images_counts(tiny):
     files, info = tiny["tiny-idefics3"]
     conv = conversation(("user", [png_bytes(70, 45), "and", png_bytes(30, 30, seed=3), "?"]))
-    norm = PreprocessorCore(files, info).normalize_chat(conv)
+    norm = PreprocessorCore(files, info).normalize_chat(conv, count_images=True)
     counts = norm.image_token_counts
     assert len(counts) == 2 and sum(counts) == norm.request.token_ids.count(info.image_token_id)
     # Independent of how the core counts: tiles (incl. the global view) x tokens per tile, from a fresh processor.
