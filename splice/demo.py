@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw
 from safetensors import safe_open
 
 
-def test_picture(width: int = 96, height: int = 64) -> Image.Image:
+def sample_picture(width: int = 96, height: int = 64) -> Image.Image:
     """A generated picture: a gradient with a circle and a bar, different in every quadrant."""
     img = Image.new("RGB", (width, height))
     img.putdata([(x * 255 // width, y * 255 // height, 128) for y in range(height) for x in range(width)])
@@ -42,7 +42,7 @@ def seed_conversation(model_dir: str | Path) -> list[dict]:
             {"type": "text", "text": "Here is a soft prompt: "},
             {"type": "prompt_embeds", "prompt_embeds": embeds},
             {"type": "text", "text": " and a picture:"},
-            {"type": "image", "image": test_picture()},
+            {"type": "image", "image": sample_picture()},
             {"type": "text", "text": "Describe the picture in one sentence."},
         ]},
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splice.demo import embedding_rows, test_picture
+from splice.demo import embedding_rows, sample_picture
 from splice.launch import start_stack
 
 MODEL = "tiny-idefics3"
@@ -37,7 +37,7 @@ def mixed_messages(model_dir):
         {"type": "text", "text": "First soft prompt:"},
         {"type": "prompt_embeds", "prompt_embeds": embedding_rows(model_dir, [5, 6, 7])},
         {"type": "text", "text": " then a picture "},
-        {"type": "image", "image": test_picture(80, 40)},
+        {"type": "image", "image": sample_picture(80, 40)},
         {"type": "text", "text": " and a second one:"},
         {"type": "prompt_embeds", "prompt_embeds": embedding_rows(model_dir, [10, 11, 12, 13, 14, 15, 16])},
         {"type": "text", "text": " Describe it."},
