@@ -10,6 +10,9 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-"$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+log="$VENV/splice-install.log"
+pip_install() {  # quiet unless it fails; then show why
+  "$VENV/bin/python" -m pip install "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "pip install $* failed" >&2; exit 1; }
+}
+"$VENV/bin/python" -c "import torch" 2>/dev/null || pip_install "torch==$TORCH_VERSION"
+pip_install -e ".[test]"

@@ -48,6 +48,20 @@ def seed_conversation(model_dir: str | Path) -> list[dict]:
     ]
 
 
+def describe(messages: list[dict]) -> str:
+    """One line per message: its role and the kinds (and sizes) of its parts."""
+    lines = []
+    for m in messages:
+        if isinstance(m["content"], str):
+            parts = [repr(m["content"])]
+        else:
+            parts = [repr(p["text"]) if p["type"] == "text" else
+                     f"<prompt_embeds {list(p['prompt_embeds'].shape)}>" if p["type"] == "prompt_embeds" else
+                     f"<image {p['image'].size[0]}x{p['image'].size[1]}>" for p in m["content"]]
+        lines.append(f"{m['role']}: " + " ".join(parts))
+    return "\n".join(lines)
+
+
 def run_demo(model: str, max_tokens: int = 24) -> int:
     from clients import SpliceClient
     from splice.cli import NOISE_NOTE
@@ -63,10 +77,12 @@ def run_demo(model: str, max_tokens: int = 24) -> int:
     engine, pre = start_stack(model, echo=say)
     try:
         say(f"engine on {engine.address}, preprocessor on {pre.address}")
+        messages = seed_conversation(model_dir)
+        print(describe(messages))
         with SpliceClient(pre.address, timeout=300) as client:
             print("assistant: ", end="", flush=True)
             usage = finish = None
-            for chunk in client.chat(seed_conversation(model_dir), temperature=0.0, max_tokens=max_tokens):
+            for chunk in client.chat(messages, temperature=0.0, max_tokens=max_tokens):
                 print(chunk.text, end="", flush=True)
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
             print()
