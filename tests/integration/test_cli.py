@@ -1,0 +1,63 @@
+"""`splice up` and `splice chat` as a user runs them: processes, real ports, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+
+from splice.demo import embedding_rows, sample_picture
+from tests.integration.conftest import MODEL
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
+    port, engine_port = _free_port(), _free_port()
+    up = subprocess.Popen([sys.executable, "-m", "splice.cli", "up", "--model", MODEL, "--port", str(port),
+                           "--engine-port", str(engine_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=os.environ.copy())
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        for line in up.stdout:
+            lines.append(line)
+            if line.startswith("splice up:"):
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        assert f"127.0.0.1:{port}" in lines[-1] and f"127.0.0.1:{engine_port}" in lines[-1], "".join(lines)
+        assert any("noise" in line for line in lines), "the random-weights note is shown once"
+
+        image = tmp_path / "pic.png"
+        sample_picture().save(image)
+        embeds = tmp_path / "soft.safetensors"
+        save_file({"embeds": embedding_rows(model_dir, [1, 2, 3, 4]).to(torch.float32).contiguous()}, str(embeds))
+        chat = subprocess.run([sys.executable, "-m", "splice.cli", "chat", "What is this?", "--target",
+                               f"127.0.0.1:{port}", "--image", str(image), "--embeds", str(embeds),
+                               "--max-tokens", "5"], capture_output=True, text=True, timeout=120)
+        assert chat.returncode == 0, chat.stderr
+        assert "finish_reason=" in chat.stderr and "completion_tokens=" in chat.stderr
+
+        bad = subprocess.run([sys.executable, "-m", "splice.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
+                              "--image", str(embeds)], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 0
+        for p in (port, engine_port):  # both services are gone
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", p)) != 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
