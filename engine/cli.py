@@ -24,14 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="positions one forward may process; default max(8192, max model len)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
     parser.add_argument("--log-level", default="INFO")
 
 
 async def _serve(args: argparse.Namespace) -> None:
     from engine.config import EngineConfig
     from engine.server import EngineServer
+    from splice.metrics import start_exporter
     from splice.models import resolve_model
 
+    if args.metrics_port is not None:  # first: the metrics line precedes the ready line
+        exporter = start_exporter(args.host, args.metrics_port)
+        print(f"engine metrics on {exporter.address}", flush=True)
     folder = resolve_model(args.model, progress=lambda m: logging.getLogger("splice.engine").info("%s", m))
     cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from engine.sequence import FinishReason, Sequence
 from engine.validate import validate_request
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
+from splice.metrics.engine import EngineStats, NoStats
 from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 
@@ -60,6 +62,7 @@ class EngineOutput:
 class _Listener:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # EngineOutput | BaseException
+    arrival: float = 0.0  # time.perf_counter() when generate() was called: time to first token
 
 
 class LLMEngine:
@@ -77,6 +80,7 @@ class LLMEngine:
         self._listeners: dict[int, _Listener] = {}  # seq_id -> where its outputs go
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self.steps = 0  # forwards run; tests and metrics read it
+        self.stats: EngineStats = EngineStats()  # Prometheus recording, per step or per request
 
     @property
     def info(self) -> ModelInfo:
@@ -114,8 +118,12 @@ class LLMEngine:
     async def warmup(self) -> None:
         """One tiny greedy request through the whole path (allocations, kernels) before serving."""
         req = EngineRequest("warmup", [0] * 4, sampling=SamplingParams(temperature=0.0, max_tokens=2))
-        async for _ in self.generate(req):
-            pass
+        stats, self.stats = self.stats, NoStats()  # not a user request: keep it out of the metrics
+        try:
+            async for _ in self.generate(req):
+                pass
+        finally:
+            self.stats = stats
 
     # --- async API -------------------------------------------------------------------------------
 
@@ -123,11 +131,12 @@ class LLMEngine:
         """Validates and queues `req`; yields one EngineOutput per step. Raises SpliceError on bad input."""
         if self._thread is None:
             raise Unavailable("engine is not started")
+        arrival = time.perf_counter()
         # finite checks read every tensor byte: off the event loop, like the forward
         await asyncio.to_thread(validate_request, req, self.m.info, self.m.vision)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
-        listener = _Listener(asyncio.get_running_loop(), asyncio.Queue())
+        listener = _Listener(asyncio.get_running_loop(), asyncio.Queue(), arrival)
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self._seqs[seq.seq_id] = seq
@@ -178,15 +187,27 @@ class LLMEngine:
             for seq in [s for s in self._seqs.values() if s.is_finished]:
                 self._release(seq)  # the aborted ones, running or waiting
             out = self.scheduler.schedule()
+            self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
+            # read now: a sequence that finishes in its prefill may lose its listener before the step ends
+            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None for s in out.prefill]
         self.runner.remove({s.seq_id for s in aborted})
         if out.is_empty:
             return False
         self.steps += 1
+        start = time.perf_counter()
         if out.prefill:
             self._prefill(out.prefill)
+            self._record_prefill(out.prefill, arrivals, start)
         else:
             self._decode()
+            self.stats.decoded(len(out.decode), time.perf_counter() - start)
         return True
+
+    def _record_prefill(self, seqs: list[Sequence], arrivals: list[float | None], start: float) -> None:
+        now = time.perf_counter()
+        prefilled = [s for s in seqs if s.finish_reason is not FinishReason.ERROR]  # aborted ones ran too
+        ttfts = [now - t for s, t in zip(seqs, arrivals, strict=True) if t is not None and s.num_generated]
+        self.stats.prefilled(len(seqs), sum(s.prompt_len for s in prefilled), now - start, ttfts)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         ready: list[Sequence] = []
@@ -243,10 +264,12 @@ class LLMEngine:
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         tokens, logprobs = sample(logits, [s.sampling for s in seqs], [self._generators[s.seq_id] for s in seqs])
         finished: set[int] = set()
+        skipped = 0
         with self._lock:
             for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
                 if seq.is_finished:  # aborted while this step ran: nothing more goes out
                     finished.add(seq.seq_id)
+                    skipped += 1
                     continue
                 reason = seq.append(tok, lp)
                 if reason is not None:
@@ -256,6 +279,7 @@ class LLMEngine:
                                              seq.prompt_len, seq.num_generated))
                 if reason is not None:
                     self._release(seq)
+        self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
@@ -272,7 +296,8 @@ class LLMEngine:
             self._emit(seq, seq.error or RuntimeError(f"request {seq.request_id} failed"))
         elif seq.finish_reason is FinishReason.ABORT:
             self._emit(seq, Cancelled(f"request {seq.request_id} was aborted"))
-        self._seqs.pop(seq.seq_id, None)
+        if self._seqs.pop(seq.seq_id, None) is not None:  # counted once, however it ended
+            self.stats.finished(seq.finish_reason.value if seq.finish_reason else "error")
         self._generators.pop(seq.seq_id, None)
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:

@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -41,8 +43,12 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 
 async def serve(args: argparse.Namespace) -> None:
     from preprocessor.server import PreprocessorServer
+    from splice.metrics import start_exporter
     from splice.models import resolve_model
 
+    if args.metrics_port is not None:  # first: the metrics line precedes the ready line
+        exporter = start_exporter(args.host, args.metrics_port)
+        print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
                                 resolve=resolve_model)

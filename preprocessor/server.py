@@ -23,6 +23,8 @@ from preprocessor.service import PreprocessorCore
 from preprocessor.servicer import PreprocessorServicer
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_errors import ErrorInterceptor
+from splice.metrics.preprocessor import ENGINE_CONNECTED
+from splice.metrics_interceptor import MetricsInterceptor
 from splice.model_info import ModelInfo
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -60,7 +62,7 @@ class PreprocessorServer:
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
-        server = grpc.aio.server(interceptors=[ErrorInterceptor()],
+        server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -81,6 +83,7 @@ class PreprocessorServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
             await self._health.set(name, status)
+        ENGINE_CONNECTED.set(1 if serving else 0)
         if serving:
             self.ready.set()
 

@@ -7,11 +7,12 @@ from a tiny model's config without an engine process.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
-from preprocessor.content import Conversation, PromptPart
+from preprocessor.content import Conversation, Image, PromptPart
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
@@ -19,6 +20,7 @@ from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.validate import check_ids
 from splice.errors import InvalidArgument
+from splice.metrics import preprocessor as metrics
 from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 
@@ -49,26 +51,36 @@ class PreprocessorCore:
 
     async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
                    ) -> AsyncIterator[GenerationChunk]:
+        arrival = time.perf_counter()
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread:
         # image processing and tensor decoding would otherwise stall every other stream on this loop.
         normalized = await asyncio.to_thread(self.normalize_chat, conv, sampling, request_id)
+        _record("chat", normalized, arrival, len(conv.parts(Image)))
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
-        async with aclosing(self._generate(normalized)) as chunks:
+        async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
                        ) -> AsyncIterator[GenerationChunk]:
+        arrival = time.perf_counter()
         normalized = await asyncio.to_thread(self.normalize_complete, parts, sampling, request_id)
-        async with aclosing(self._generate(normalized)) as chunks:
+        _record("complete", normalized, arrival, 0)
+        async with aclosing(self._generate(normalized, "complete", arrival)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    async def _generate(self, normalized: Normalized) -> AsyncIterator[GenerationChunk]:
+    async def _generate(self, normalized: Normalized, endpoint: str, arrival: float) -> AsyncIterator[GenerationChunk]:
         if self._engine is None:
             raise RuntimeError("this PreprocessorCore has no engine")
+        first = True
         async with aclosing(stream_generation(normalized.request, self._engine, self.files.tokenizer)) as chunks:
             async for chunk in chunks:
+                if first:
+                    metrics.TTFT_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
+                    first = False
+                if chunk.final:
+                    metrics.E2E_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
                 yield chunk
 
     def tokenize_chat(self, conv: Conversation) -> TokenizeResult:
@@ -90,3 +102,8 @@ class PreprocessorCore:
 
     def model_info(self) -> ModelInfo:
         return self.info
+
+
+def _record(endpoint: str, normalized: Normalized, arrival: float, images: int) -> None:
+    request = normalized.request
+    metrics.normalized(endpoint, time.perf_counter() - arrival, request.prompt_len, images, len(request.embed_spans))

@@ -56,7 +56,8 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
 
     env = {k: str(v) for k, v in services["engine"]["environment"].items()}
     env["SPLICE_CACHE"] = os.environ["SPLICE_CACHE"]  # the container's /cache volume, here the test cache
-    ports = {"50061": _free_port(), "50051": _free_port()}
+    # gRPC and Prometheus ports alike
+    ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port()}
     started = []
     try:
         hosts: dict[str, str] = {}
@@ -66,6 +67,7 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
             service = start(name, argv[2:], env=env)
             started.append(service)
             hosts[name] = service.address
+            assert any(line.startswith(f"{name} metrics on 127.0.0.1:") for line in service.output)
             # the container's own healthcheck command, pointed at the local port
             check = _localize(services[name]["healthcheck"]["test"][1:], ports, hosts)
             check = [sys.executable if c == "python" else c for c in check]

@@ -1,0 +1,71 @@
+"""Engine metrics. LLMEngine records them once per step or per request, never per token."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from splice.metrics.rpc import LATENCY_BUCKETS
+
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+RUNNING = Gauge("splice_engine_num_requests_running", "Sequences in the running batch (after the last schedule)")
+WAITING = Gauge("splice_engine_num_requests_waiting", "Sequences queued for a running slot (after the last schedule)")
+PROMPT_TOKENS = Counter("splice_engine_prompt_tokens", "Prompt positions prefilled (text, image and embeds)")
+GENERATION_TOKENS = Counter("splice_engine_generation_tokens", "Tokens generated and sent to callers")
+FINISHED = Counter("splice_engine_requests_finished", "Sequences that left the engine, by why",
+                   ["finish_reason"])  # stop | length | abort | error
+DECODE_BATCH = Histogram("splice_engine_decode_batch_size", "Sequences advanced by one decode step",
+                         buckets=_SIZE_BUCKETS)
+PREFILL_BATCH = Histogram("splice_engine_prefill_batch_size", "Sequences prefilled together in one step",
+                          buckets=_SIZE_BUCKETS)
+STEP_SECONDS = Histogram("splice_engine_step_duration_seconds", "Wall time of one engine step (forward + sampling)",
+                         ["phase"], buckets=_STEP_BUCKETS)  # prefill | decode
+TTFT_SECONDS = Histogram("splice_engine_time_to_first_token_seconds",
+                         "From Generate's arrival (before validation) to its first token", buckets=LATENCY_BUCKETS)
+
+# label children resolved once: the loop pays no label lookup
+_PREFILL_SECONDS = STEP_SECONDS.labels(phase="prefill")
+_DECODE_SECONDS = STEP_SECONDS.labels(phase="decode")
+
+
+class EngineStats:
+    """What LLMEngine calls from its thread; NoStats (warmup) records nothing."""
+
+    def scheduled(self, running: int, waiting: int) -> None:
+        RUNNING.set(running)
+        WAITING.set(waiting)
+
+    def prefilled(self, batch: int, prompt_tokens: int, seconds: float, ttfts: list[float]) -> None:
+        PREFILL_BATCH.observe(batch)
+        PROMPT_TOKENS.inc(prompt_tokens)
+        _PREFILL_SECONDS.observe(seconds)
+        for t in ttfts:
+            TTFT_SECONDS.observe(t)
+
+    def decoded(self, batch: int, seconds: float) -> None:
+        DECODE_BATCH.observe(batch)
+        _DECODE_SECONDS.observe(seconds)
+
+    def generated(self, tokens: int) -> None:
+        GENERATION_TOKENS.inc(tokens)
+
+    def finished(self, reason: str) -> None:
+        FINISHED.labels(finish_reason=reason).inc()
+
+
+class NoStats(EngineStats):
+    def scheduled(self, running: int, waiting: int) -> None:
+        pass
+
+    def prefilled(self, batch: int, prompt_tokens: int, seconds: float, ttfts: list[float]) -> None:
+        pass
+
+    def decoded(self, batch: int, seconds: float) -> None:
+        pass
+
+    def generated(self, tokens: int) -> None:
+        pass
+
+    def finished(self, reason: str) -> None:
+        pass
