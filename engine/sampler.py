@@ -44,7 +44,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     for row, (p, g) in enumerate(zip(params, generators, strict=True)):
         if p.greedy:
             continue
-        scaled = _filter(logits[row] / p.temperature, p)  # [vocab]
+        # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
+        scaled = _filter((logits[row] - logits[row].max()) / p.temperature, p)  # [vocab]
         chosen[row] = torch.multinomial(scaled.softmax(-1), 1, generator=g)[0]
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)

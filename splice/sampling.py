@@ -13,11 +13,13 @@ from splice.v1 import common_pb2
 # Stop strings are matched on every decoded delta; a bound keeps that cheap and the request small.
 MAX_STOP_STRINGS = 16
 MAX_STOP_LEN = 256
+# Below this a temperature is greedy: dividing logits by it would overflow to inf and softmax to NaN.
+GREEDY_EPS = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # < GREEDY_EPS (e.g. 0) = greedy
     top_p: float = 1.0  # (0, 1]; 1 = off
     top_k: int = 0  # 0 = off
     seed: int | None = None  # None = nondeterministic
@@ -50,7 +52,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_EPS
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.sampler import make_generator, sample
@@ -68,3 +69,12 @@ def test_temperature_sharpens():
     g = make_generator(1, CPU)
     cold = [sample(x, [SamplingParams(temperature=0.01)], [g])[0][0] for _ in range(50)]
     assert set(cold) == {int(x.argmax())}
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-7, 1e-4])
+def test_tiny_temperatures_never_produce_nan(temperature):
+    # logits with a wide range: dividing by a tiny temperature without shifting would overflow to inf
+    logits = torch.linspace(-30.0, 30.0, 50)[None].repeat(2, 1)
+    params = [SamplingParams(temperature=temperature, seed=1), SamplingParams(temperature=0.0)]
+    tokens, _ = sample(logits, params, [make_generator(1, CPU), make_generator(2, CPU)])
+    assert tokens == [int(logits[0].argmax()), int(logits[1].argmax())]
