@@ -31,16 +31,17 @@ TORCH_SAVE_OVERHEAD = 64 * 1024
 def decode_embeds(part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     """[n, hidden] rows in the engine's dtype, validated (float, shape, finite, size)."""
     if part.encoding == "tensor":
-        tensor = _from_raw(part.payload, part, limits)
+        tensor = _from_raw(part.payload, part, info, limits)
     elif part.encoding == "torch_base64":
-        tensor = _from_torch_base64(part.payload, part, limits)
+        tensor = _from_torch_base64(part.payload, part, info, limits)
     else:
-        tensor = _from_safetensors(part.payload, part, limits)
+        tensor = _from_safetensors(part.payload, part, info, limits)
     return _normalize(tensor, part, info)
 
 
-def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, limits: Limits) -> None:
-    """dtype and shape checks that need no allocation."""
+def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, info: ModelInfo, limits: Limits) -> None:
+    """dtype and shape checks that need no allocation: a few bytes of header must not make us allocate
+    more than the engine could ever take."""
     if dtype not in FLOAT_DTYPES:
         raise InvalidArgument(f"{part.where}: prompt_embeds must be a float tensor, got dtype "
                               f"{str(dtype).removeprefix('torch.')}")
@@ -52,19 +53,26 @@ def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, limits
                               f"{list(shape)}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"{part.where}: prompt_embeds has a negative dimension in {list(shape)}")
+    rows, hidden = shape[-2], shape[-1]
+    if hidden != info.hidden_size:
+        raise InvalidArgument(f"{part.where}: prompt_embeds hidden size {hidden} does not match the model's "
+                              f"{info.hidden_size}")
+    if rows >= info.max_model_len:
+        raise InvalidArgument(f"{part.where}: prompt_embeds has {rows} rows; the engine's max_model_len is "
+                              f"{info.max_model_len}")
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if size > limits.max_embeds_bytes:
         raise InvalidArgument(f"{part.where}: prompt_embeds of shape {list(shape)} is {size} bytes; at most "
                               f"{limits.max_embeds_bytes}")
 
 
-def _from_raw(raw: RawTensor, part: Embeds, limits: Limits) -> torch.Tensor:
+def _from_raw(raw: RawTensor, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     dtype = dtype_from_name(raw.dtype, f"{part.where}: prompt_embeds")
-    _check_meta(dtype, raw.shape, part, limits)
+    _check_meta(dtype, raw.shape, part, info, limits)
     return from_bytes(raw.data, dtype, raw.shape, f"{part.where}: prompt_embeds")
 
 
-def _from_torch_base64(text: str, part: Embeds, limits: Limits) -> torch.Tensor:
+def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     # base64 is 4 characters per 3 bytes: bound the decoded size before decoding.
     if len(text) * 3 // 4 > limits.max_embeds_bytes + TORCH_SAVE_OVERHEAD:
         raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is {len(text)} characters; the decoded "
@@ -84,13 +92,16 @@ def _from_torch_base64(text: str, part: Embeds, limits: Limits) -> torch.Tensor:
                               f"tensor")
     if obj.layout != torch.strided:
         raise InvalidArgument(f"{part.where}: prompt_embeds must be a dense tensor, got layout {obj.layout}")
-    # The loaded storage is bounded by the payload, but a stride-0 view can describe far more elements;
-    # the cap applies to the logical size, before anything densifies it.
-    _check_meta(obj.dtype, tuple(obj.shape), part, limits)
+    # The loaded storage is bounded by the payload, but a stride-0 view (expand) can describe far more
+    # elements than it holds: densifying it would turn a few KB into GBs. Only dense tensors are taken.
+    _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
+    if obj.untyped_storage().nbytes() < obj.numel() * obj.element_size():
+        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is a view of a smaller storage (e.g. "
+                              f"expand() of shape {list(obj.shape)}); send a dense tensor (.contiguous())")
     return obj
 
 
-def _from_safetensors(blob: bytes, part: Embeds, limits: Limits) -> torch.Tensor:
+def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     what = f"{part.where}: prompt_embeds safetensors"
     if len(blob) < 8:
         raise InvalidArgument(f"{what}: {len(blob)} bytes is too short for a safetensors file")
@@ -114,7 +125,7 @@ def _from_safetensors(blob: bytes, part: Embeds, limits: Limits) -> torch.Tensor
     if st_dtype not in SAFETENSORS_DTYPES:
         raise InvalidArgument(f"{what}: tensor {name!r} has unsupported dtype {st_dtype}")
     dtype = DTYPES[SAFETENSORS_DTYPES[st_dtype]]
-    _check_meta(dtype, shape, part, limits)
+    _check_meta(dtype, shape, part, info, limits)
     data_start = 8 + header_len
     if not (0 <= begin <= end <= len(blob) - data_start):
         raise InvalidArgument(f"{what}: tensor {name!r} data offsets [{begin}, {end}) fall outside the file")

@@ -98,16 +98,24 @@ def test_oversize_rejected_before_allocation(info):
     # The declared shape alone is over the cap: no bytes are sent, so only metadata can be checked.
     from preprocessor.content import RawTensor
 
-    part = Embeds("tensor", RawTensor("float32", (1 << 20, info.hidden_size), b""), WHERE)
-    err = _reject(part, info, Limits(max_embeds_bytes=1 << 20))
-    assert "bytes; at most 1048576" in err.message
+    part = Embeds("tensor", RawTensor("float32", (1000, info.hidden_size), b""), WHERE)
+    err = _reject(part, info, Limits(max_embeds_bytes=1 << 16))
+    assert f"is {1000 * info.hidden_size * 4} bytes; at most 65536" in err.message
 
 
-def test_expanded_view_rejected_by_logical_size(info):
-    # A stride-0 view saves a tiny storage but describes a huge tensor; densifying it would allocate it.
-    x = torch.zeros(1, info.hidden_size).expand(100_000, info.hidden_size)
-    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info, Limits(max_embeds_bytes=1 << 20))
-    assert "at most 1048576" in err.message
+def test_more_rows_than_the_context_rejected_before_allocation(info):
+    from preprocessor.content import RawTensor
+
+    part = Embeds("tensor", RawTensor("float32", (info.max_model_len, info.hidden_size), b""), WHERE)
+    err = _reject(part, info)
+    assert f"{info.max_model_len} rows" in err.message and "max_model_len" in err.message
+
+
+def test_expanded_view_rejected_before_densifying(info):
+    # A stride-0 view saves a tiny storage but describes a large tensor; densifying it would allocate it all.
+    x = torch.zeros(1, info.hidden_size).expand(1000, info.hidden_size)
+    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info)
+    assert "view of a smaller storage" in err.message and "[1000," in err.message
 
 
 def test_torch_base64_payload_size_capped(info):
@@ -150,10 +158,10 @@ def test_safetensors_two_tensors_rejected(info):
 
 
 def test_safetensors_oversize_rejected_from_header(info):
-    header = json.dumps({"e": {"dtype": "F32", "shape": [1 << 20, info.hidden_size], "data_offsets": [0, 0]}})
+    header = json.dumps({"e": {"dtype": "F32", "shape": [1000, info.hidden_size], "data_offsets": [0, 0]}})
     blob = struct.pack("<Q", len(header)) + header.encode()
-    err = _reject(Embeds("safetensors", blob, WHERE), info, Limits(max_embeds_bytes=1 << 20))
-    assert "at most 1048576" in err.message
+    err = _reject(Embeds("safetensors", blob, WHERE), info, Limits(max_embeds_bytes=1 << 16))
+    assert "at most 65536" in err.message
 
 
 @pytest.mark.parametrize("blob", [b"", b"\xff" * 8 + b"{}", struct.pack("<Q", 2) + b"[]"])
