@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
 from splice.grpc_errors import ErrorInterceptor
+from splice.grpc_options import SERVER_KEEPALIVE
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
@@ -29,7 +30,8 @@ class EngineServer:
         self.cfg = cfg
         self.host = host
         self.engine = engine
-        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()])  # outermost first
+        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
+                                      options=SERVER_KEEPALIVE)
         self.servicer = EngineServicer()  # engine attached once warm
         engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()

@@ -23,6 +23,7 @@ from preprocessor.service import PreprocessorCore
 from preprocessor.servicer import PreprocessorServicer
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_errors import ErrorInterceptor
+from splice.grpc_options import SERVER_KEEPALIVE
 from splice.metrics.preprocessor import ENGINE_CONNECTED
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.model_info import ModelInfo
@@ -63,7 +64,7 @@ class PreprocessorServer:
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
         server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
-                                 options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
+                                 options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_KEEPALIVE])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -34,19 +35,48 @@ def test_engine_killed_mid_stream_gives_unavailable_then_recovers(tiny_dirs):
 
             engine = start("engine", ["--model", MODEL, "--host", "127.0.0.1", "--port", port])
             wait_healthy(engine.address)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
-                    break
-                except SpliceClientError as exc:
-                    if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
+            chunks = _retry_while(client, grpc.StatusCode.UNAVAILABLE, 60)
             assert chunks[-1].finish_reason in ("stop", "length")
     finally:
         pre.stop()
         engine.stop()
+
+
+def test_frozen_engine_gives_unavailable_without_waiting_for_the_deadline(tiny_dirs):
+    # SIGSTOP: the engine's connection stays open but nothing answers, like a hung host or a partition
+    engine, pre = start_stack(MODEL)
+    try:
+        with SpliceClient(pre.address, timeout=300) as client:
+            stream = client.chat([{"role": "user", "content": "Tell me a long story."}], **LONG)
+            next(stream)
+            engine.proc.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            with pytest.raises(SpliceClientError) as err:
+                for _ in stream:
+                    pass
+            waited = time.monotonic() - frozen_at
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE, err.value
+            assert waited < 120, f"UNAVAILABLE only after {waited:.1f}s"  # keepalive, not the 300 s deadline
+            engine.proc.send_signal(signal.SIGCONT)
+            chunks = _retry_while(client, grpc.StatusCode.UNAVAILABLE, 90)
+            assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        if engine.alive:
+            engine.proc.send_signal(signal.SIGCONT)
+        pre.stop()
+        engine.stop()
+
+
+def _retry_while(client: SpliceClient, code: grpc.StatusCode, seconds: float, content: str = "Hi") -> list:
+    """A short greedy chat, retried while it fails with `code` (a service coming back), for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return list(client.chat([{"role": "user", "content": content}], temperature=0.0, max_tokens=3))
+        except SpliceClientError as exc:
+            if exc.code != code or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_cancelled_stream_frees_the_engine_slot(tiny_dirs):
@@ -61,15 +91,7 @@ def test_cancelled_stream_frees_the_engine_slot(tiny_dirs):
             assert busy.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, busy.value
             stream.close()  # cancels the call, which aborts the sequence in the engine
 
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    chunks = list(client.chat([{"role": "user", "content": "Hi"}], temperature=0.0, max_tokens=2))
-                    break
-                except SpliceClientError as exc:
-                    if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+            chunks = _retry_while(client, grpc.StatusCode.RESOURCE_EXHAUSTED, 30)
             assert chunks[-1].finish_reason in ("stop", "length")
     finally:
         pre.stop()
