@@ -6,6 +6,7 @@ which aborts the sequence there.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -57,7 +58,9 @@ class EngineClient:
         return ModelInfo.from_pb(pb)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        call = self._stub.Generate(encode_request(request))
+        # Tensor bytes are copied out in a thread: for large images or embeds that would stall the loop.
+        parts = await asyncio.to_thread(lambda: list(encode_request(request)))
+        call = self._stub.Generate(iter(parts))
         try:
             async for pb in call:
                 yield output_from_pb(pb)

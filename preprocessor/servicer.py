@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
@@ -43,16 +44,19 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
                        context: grpc.aio.ServicerContext) -> preprocessor_pb2.TokenizeResponse:
         core = self._core()
         kind = request.WhichOneof("input")
+        # In a thread, like Chat's normalization: images, embeds and long texts would stall every stream.
         if kind == "chat":
-            return tokenize_to_pb(core.tokenize_chat(conversation_from_pb(request.chat)))
+            conv = conversation_from_pb(request.chat)
+            return tokenize_to_pb(await asyncio.to_thread(core.tokenize_chat, conv))
         if kind == "text":
-            return tokenize_to_pb(core.tokenize_text(request.text, request.add_special_tokens))
+            return tokenize_to_pb(await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens))
         raise InvalidArgument("TokenizeRequest has no input; set chat or text")
 
     async def Detokenize(self, request: preprocessor_pb2.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> preprocessor_pb2.DetokenizeResponse:
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        return preprocessor_pb2.DetokenizeResponse(text=self._core().detokenize(list(request.token_ids), skip))
+        text = await asyncio.to_thread(self._core().detokenize, list(request.token_ids), skip)
+        return preprocessor_pb2.DetokenizeResponse(text=text)
 
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:

@@ -18,9 +18,9 @@ def check_ids(ids: Sequence[int], info: ModelInfo, what: str = "token ID") -> No
 def check_length(n: int, info: ModelInfo) -> None:
     if n == 0:
         raise InvalidArgument("the prompt is empty")
-    if n > info.max_model_len:
+    if n >= info.max_model_len:  # as the engine: at least one position must be left to generate into
         raise InvalidArgument(f"the prompt is {n} positions long; the engine's max_model_len is "
-                              f"{info.max_model_len}")
+                              f"{info.max_model_len} and at least one position must be left to generate")
 
 
 def check_images_supported(n_images: int, info: ModelInfo, processor_has_images: bool) -> None:
