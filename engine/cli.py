@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="positions one forward may process; default max(8192, max model len)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
+    parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
+                        help="request tensor bytes held at once across calls; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
     parser.add_argument("--log-level", default="INFO")
@@ -41,7 +43,8 @@ async def _serve(args: argparse.Namespace) -> None:
     folder = resolve_model(args.model, progress=lambda m: logging.getLogger("splice.engine").info("%s", m))
     cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
-                       max_queue=args.max_queue, model_name=args.model)
+                       max_queue=args.max_queue, model_name=args.model,
+                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes)
     server = EngineServer(cfg, args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

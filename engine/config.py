@@ -20,6 +20,9 @@ class EngineConfig:
     max_batch_tokens: int | None = None
     max_queue: int = 256  # waiting requests beyond which new ones get RESOURCE_EXHAUSTED
     model_name: str | None = None  # what GetModelInfo reports; None = `model`
+    # request tensor bytes (embeds, pixels) held at once across all calls being received, queued or running;
+    # past it new calls get RESOURCE_EXHAUSTED instead of the process running out of memory
+    max_inflight_tensor_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -34,6 +37,8 @@ class EngineConfig:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_running_seqs:
             raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_running_seqs "
                              f"({self.max_running_seqs}): every running sequence decodes one position per step")
+        if self.max_inflight_tensor_bytes < 1:
+            raise ValueError(f"max_inflight_tensor_bytes must be >= 1, got {self.max_inflight_tensor_bytes}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

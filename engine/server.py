@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine.byte_budget import ByteBudget
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
@@ -32,7 +33,7 @@ class EngineServer:
         self.engine = engine
         self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
                                       options=SERVER_KEEPALIVE)
-        self.servicer = EngineServicer()  # engine attached once warm
+        self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes))  # engine attached once warm
         engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

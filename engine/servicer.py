@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from engine.byte_budget import ByteBudget
 from engine.llm_engine import EngineOutput, LLMEngine
 from engine.sequence import FinishReason
 from splice.engine_wire import RequestAssembler
-from splice.errors import Unavailable
+from splice.errors import InvalidArgument, Unavailable
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 _FINISH_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
@@ -31,8 +32,9 @@ def output_to_pb(out: EngineOutput) -> engine_pb2.GenerateResponse:
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     """`engine` may be set after the server starts; until then calls get UNAVAILABLE (health says so too)."""
 
-    def __init__(self, engine: LLMEngine | None = None) -> None:
+    def __init__(self, engine: LLMEngine | None = None, budget: ByteBudget | None = None) -> None:
         self.engine = engine
+        self.budget = budget or ByteBudget(4 << 30)
 
     def _ready(self) -> LLMEngine:
         if self.engine is None:
@@ -43,10 +45,22 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                        context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
         engine = self._ready()
         assembler = RequestAssembler()
-        async for part in request_iterator:
-            assembler.feed(part)
-        async for out in engine.generate(assembler.finish()):
-            yield output_to_pb(out)
+        parts = aiter(request_iterator)
+        first = await anext(parts, None)
+        if first is None:
+            raise InvalidArgument("Generate stream is empty; a header comes first")
+        assembler.feed(first)  # the header: declared sizes are known before any tensor byte arrives
+        if not self.budget.fits(assembler.declared_bytes):
+            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
+            # send failure (INTERNAL) instead of this status.
+            async for _ in parts:
+                pass
+            raise self.budget.refusal(assembler.declared_bytes)
+        with self.budget.hold(assembler.declared_bytes):
+            async for part in parts:
+                assembler.feed(part)
+            async for out in engine.generate(assembler.finish()):
+                yield output_to_pb(out)
 
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:

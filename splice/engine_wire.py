@@ -48,6 +48,11 @@ class RequestAssembler:
         self._buffers: list[bytearray] = []
         self._current = 0
 
+    @property
+    def declared_bytes(self) -> int:
+        """Total tensor bytes the header announced (0 before the header)."""
+        return sum(self._expected)
+
     def feed(self, part: engine_pb2.GenerateRequestPart) -> None:
         kind = part.WhichOneof("part")
         if kind == "header":

@@ -137,3 +137,33 @@ async def test_cancelling_the_call_aborts_the_sequence_and_frees_its_slot(server
             break
         await asyncio.sleep(0.01)
     assert engine.num_running == 0 and engine.runner.batch is None and not engine._seqs
+
+
+async def test_tensor_bytes_over_the_inflight_budget_are_resource_exhausted(server, stub):
+    hidden = server.engine.info.hidden_size
+    held = with_embed_span(random_ids(4, seed=5), {}, 2, torch.zeros(8, hidden), "held", max_tokens=1500)
+    other = with_embed_span(random_ids(4, seed=6), {}, 2, torch.zeros(8, hidden), "other", max_tokens=2)
+    budget = server.servicer.budget
+    saved, budget.limit = budget.limit, 8 * hidden * 4 * 3 // 2  # room for one such request, not two
+    try:
+        call = stub[0].Generate(encode_request(held))
+        await call.read()  # "held" is running and holds its bytes
+        assert budget.used == 8 * hidden * 4
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _generate(stub[0], other)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "do not fit" in err.value.details()
+        call.cancel()
+        for _ in range(500):
+            if budget.used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert budget.used == 0
+        assert (await _generate(stub[0], other))[-1].usage.completion_tokens == 2
+    finally:
+        budget.limit = saved
+
+
+async def test_an_empty_stream_is_invalid_argument(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stub[0].Generate(iter([]))]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "empty" in err.value.details()
