@@ -4,10 +4,11 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
   convert.py     pb -> content.py dataclasses (Text / Image / Embeds / TokenIds, each with its location)
   embeds.py      prompt_embeds (raw tensor, vLLM base64 torch.save, safetensors) -> [n, hidden], capped
   images.py      bytes / data: URL / allowed path -> RGB PIL image, capped
-  template.py    chat template -> prompt text; one sentinel per prompt_embeds part, image parts as the
-                 processor's placeholder
+  template.py    chat template -> prompt text; part k of the prompt_embeds parts as sentinel k, image
+                 parts as the processor's placeholder
   normalize.py   tokenize through the processor (image expansion, pixel tensors), then sentinel.py:
-                 expand, locate all spans, consume; then validate.py against the engine's ModelInfo
+                 expand, locate all spans (by sentinel identity), consume; then validate.py against the
+                 engine's ModelInfo. Complete builds its spans from part boundaries, without sentinels
   stream.py      engine tokens -> detokenizer.py (whole characters only) -> stop.py -> GenerationChunks
   service.py     PreprocessorCore: the RPCs on dataclasses, no grpc
   servicer.py / server.py / cli.py   the grpc.aio shell; engine_client.py the link to the engine

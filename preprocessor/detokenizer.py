@@ -4,17 +4,23 @@ Byte-level tokenizers split multi-byte UTF-8 characters across tokens; decoding 
 U+FFFD. Text is released only once the decoded window no longer ends in U+FFFD. A short window of
 earlier tokens is decoded along with the new ones because tokenizers (SentencePiece spaces,
 byte-level merges) decode a token differently depending on what precedes it.
+
+IDs in `drop_ids` (the preprocessor's prompt_embeds sentinels, which can be valid engine IDs when the
+embedding table is padded) decode to nothing, whatever skip_special_tokens says.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True, drop_ids: Collection[int] = ()) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
+        self._drop = frozenset(drop_ids)
         self._ids: list[int] = []
         self._prefix = 0  # start of the decode window
         self._read = 0  # tokens before this have been released as text
@@ -24,6 +30,8 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Text completed by `token_id` ("" while a character is still incomplete)."""
+        if token_id in self._drop:
+            return ""
         self._ids.append(token_id)
         before = self._decode(self._ids[self._prefix:self._read])
         now = self._decode(self._ids[self._prefix:])

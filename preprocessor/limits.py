@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MiB = 1 << 20
+# Each prompt_embeds part of a request renders as its own sentinel token, and the model files register
+# this many of them: the ceiling of Limits.max_embeds_parts.
+MAX_EMBEDS_PARTS = 256
 
 
 @dataclass(frozen=True)
@@ -21,5 +24,8 @@ class Limits:
         for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_embeds_parts > MAX_EMBEDS_PARTS:
+            raise ValueError(f"Limits.max_embeds_parts must be <= {MAX_EMBEDS_PARTS} (one sentinel token per part), "
+                             f"got {self.max_embeds_parts}")
         if self.allowed_media_dir is not None and not Path(self.allowed_media_dir).is_dir():
             raise ValueError(f"allowed media dir {self.allowed_media_dir} is not a directory")

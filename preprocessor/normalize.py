@@ -1,13 +1,15 @@
 """Conversation / Complete prompt -> EngineRequest (DESIGN.md steps 1-6).
 
-render -> tokenize through the processor (image expansion, pixel tensors) -> expand sentinels ->
-locate all spans -> consume -> validate against the engine's ModelInfo.
+Chat: render (part k as sentinel k) -> tokenize through the processor (image expansion, pixel
+tensors) -> expand each part's sentinel -> locate all spans -> consume -> validate against the engine's
+ModelInfo. Complete uses no sentinels: its IDs and spans are built from the part boundaries directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,22 +35,57 @@ class Normalized:
     request: EngineRequest  # what the engine receives
     prompt: str  # rendered template text with sentinels ("" for Complete)
     image_token_counts: tuple[int, ...]  # image-token positions per image (when asked for)
-    raw_ids: tuple[int, ...]  # expanded IDs before consumption (sentinels still in place), for debugging
+    raw_ids: tuple[int, ...]  # chat: expanded IDs before consumption (sentinels in place); Complete: the IDs
 
 
-def check_text(text: str, files: ModelFiles, where: object) -> None:
+def check_text(text: str, files: ModelFiles, where: object, what: str = "text") -> None:
     for bad in files.forbidden_texts:
         if bad in text:
-            raise InvalidArgument(f"{where}: text contains the reserved string {bad!r} (the "
-                                  f"{'prompt_embeds sentinel' if bad == sentinel.SENTINEL else 'image placeholder'}"
-                                  f"); send images and embeddings as their own content parts")
+            kind = "prefix of the prompt_embeds sentinels" if bad == sentinel.SENTINEL_PREFIX else "image placeholder"
+            raise InvalidArgument(f"{where}: {what} contains the reserved string {bad!r} (the {kind}); send images "
+                                  f"and embeddings as their own content parts")
+
+
+# Template kwargs are caller data the template may print anywhere; nested values are walked this deep.
+MAX_KWARGS_DEPTH = 32
+
+
+def _kwarg_strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif depth >= MAX_KWARGS_DEPTH:
+        raise InvalidArgument(f"{where}: chat_template_kwargs are nested deeper than {MAX_KWARGS_DEPTH} levels")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _kwarg_strings(k, f"{where} (a key)", depth + 1)
+            yield from _kwarg_strings(v, f"{where}[{k!r}]", depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _kwarg_strings(v, f"{where}[{i}]", depth + 1)
+
+
+def _check_reserved(conv: Conversation, files: ModelFiles) -> None:
+    """Caller strings that reach the rendered prompt may not contain a sentinel or image placeholder."""
+    for msg in conv.messages:
+        check_text(msg.role, files, f"messages[{msg.index}].role", "role")
+        for part in msg.parts:
+            if isinstance(part, Text):
+                check_text(part.text, files, part.where)
+    for key, value in conv.template_kwargs.items():
+        for where, text in _kwarg_strings(value, f"chat_template_kwargs[{key!r}]"):
+            check_text(text, files, where)
+    # An override may print image placeholders itself (llava's does), but no sentinel.
+    if conv.chat_template and sentinel.SENTINEL_PREFIX in conv.chat_template:
+        raise InvalidArgument(f"chat_template contains the reserved string {sentinel.SENTINEL_PREFIX!r} (the prefix "
+                              f"of the prompt_embeds sentinels)")
 
 
 def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits) -> None:
     if n_images > limits.max_images:
         raise InvalidArgument(f"the request has {n_images} images; at most {limits.max_images}")
-    if n_embeds > limits.max_embeds_parts:
-        raise InvalidArgument(f"the request has {n_embeds} prompt_embeds parts; at most {limits.max_embeds_parts}")
+    cap = min(limits.max_embeds_parts, len(files.sentinel_ids))  # one sentinel per part
+    if n_embeds > cap:
+        raise InvalidArgument(f"the request has {n_embeds} prompt_embeds parts; at most {cap}")
     check_images_supported(n_images, info, files.accepts_images)
     check_embeds_supported(n_embeds, info)
 
@@ -59,11 +96,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     run per image for it, so the generation path leaves it off."""
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits)
-    for text in conv.parts(Text):
-        check_text(text.text, files, text.where)
-    for key, value in conv.template_kwargs.items():
-        if isinstance(value, str):
-            check_text(value, files, f"chat_template_kwargs[{key!r}]")
+    _check_reserved(conv, files)
     rows = [decode_embeds(p, info, limits) for p in embeds]  # each [n_k, hidden]
     pictures = [load_image(p, limits) for p in images]
     prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder)
@@ -72,7 +105,11 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
                                  f"{info.image_token_id}: the preprocessor's --model does not match the engine")
     counts = _image_token_counts(ids, pictures, info, files) if count_images else ()
-    return _finish(ids, rows, model_inputs, prompt, counts, sampling, request_id, files, info)
+    # Part k's span is where sentinel k expands, wherever the template put it; ALL spans are located before
+    # any sentinel is consumed.
+    expanded, spans = sentinel.expand(ids, files.sentinel_ids, [r.shape[0] for r in rows], [p.where for p in embeds])
+    consumed = sentinel.consume(expanded, spans, files.sentinel_ids)
+    return _finish(consumed, spans, rows, model_inputs, prompt, counts, tuple(expanded), sampling, request_id, info)
 
 
 def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str, files: ModelFiles,
@@ -81,8 +118,11 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
         raise InvalidArgument("prompt is empty")
     embeds = [p for p in parts if isinstance(p, Embeds)]
     _check_counts(0, len(embeds), info, files, limits)
+    # No sentinels: a caller's ID may equal a sentinel ID (padded embedding tables), so spans come from the
+    # part boundaries and each embeds part holds filler positions.
     ids: list[int] = []
     rows: list[torch.Tensor] = []
+    spans: list[sentinel.Span] = []
     for p in parts:
         if isinstance(p, TokenIds):
             for i, t in enumerate(p.ids):
@@ -95,9 +135,11 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
             check_text(p.text, files, p.where)
             ids.extend(files.tokenizer(p.text, add_special_tokens=False)["input_ids"])
         else:
-            rows.append(decode_embeds(p, info, limits))
-            ids.append(files.sentinel_id)
-    return _finish(ids, rows, {}, "", (), sampling, request_id, files, info)
+            r = decode_embeds(p, info, limits)  # [n, hidden]
+            spans.append(sentinel.Span(len(ids), r.shape[0], len(rows)))
+            rows.append(r)
+            ids.extend([sentinel.FILLER_ID] * r.shape[0])
+    return _finish(ids, spans, rows, {}, "", (), tuple(ids), sampling, request_id, info)
 
 
 def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: ModelInfo) -> list[int]:
@@ -150,20 +192,19 @@ def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: 
     return tuple(counts)
 
 
-def _finish(ids: list[int], rows: list[torch.Tensor], model_inputs: dict[str, torch.Tensor], prompt: str,
-            image_counts: tuple[int, ...], sampling: SamplingParams, request_id: str, files: ModelFiles,
-            info: ModelInfo) -> Normalized:
-    expanded, spans = sentinel.expand(ids, files.sentinel_id, [r.shape[0] for r in rows])
-    consumed = sentinel.consume(expanded, spans, files.sentinel_id)
-    check_length(len(consumed), info)
-    check_ids(consumed, info)
-    tensors = [NamedTensor(PROMPT_EMBEDS, r) for r in rows]
+def _finish(ids: list[int], spans: list[sentinel.Span], rows: list[torch.Tensor],
+            model_inputs: dict[str, torch.Tensor], prompt: str, image_counts: tuple[int, ...],
+            raw_ids: tuple[int, ...], sampling: SamplingParams, request_id: str, info: ModelInfo) -> Normalized:
+    """`ids` hold the filler at span positions; `spans` are in prompt order, span.part indexing `rows`."""
+    check_length(len(ids), info)
+    check_ids(ids, info)
+    tensors = [NamedTensor(PROMPT_EMBEDS, r) for r in rows]  # tensor k is part k's rows
     tensors += [NamedTensor(name, t) for name, t in model_inputs.items()]
     request = EngineRequest(
         request_id=request_id,
-        token_ids=consumed,
-        embed_spans=[EmbedSpan(s.offset, s.length, k) for k, s in enumerate(spans)],
+        token_ids=ids,
+        embed_spans=[EmbedSpan(s.offset, s.length, s.part) for s in sorted(spans, key=lambda s: s.offset)],
         tensors=tensors,
         sampling=sampling,
     )
-    return Normalized(request, prompt, image_counts, tuple(expanded))
+    return Normalized(request, prompt, image_counts, raw_ids)

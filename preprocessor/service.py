@@ -74,7 +74,8 @@ class PreprocessorCore:
         if self._engine is None:
             raise RuntimeError("this PreprocessorCore has no engine")
         first = True
-        async with aclosing(stream_generation(normalized.request, self._engine, self.files.tokenizer)) as chunks:
+        stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinel_id_set)
+        async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 if first:
                     metrics.TTFT_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
@@ -97,7 +98,9 @@ class PreprocessorCore:
         if len(ids) > MAX_DETOKENIZE_IDS:
             raise InvalidArgument(f"{len(ids)} token IDs; at most {MAX_DETOKENIZE_IDS}")
         check_ids(ids, self.info)
-        return self.files.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
+        # Sentinel IDs can be valid engine IDs (padded tables) but never decode to the internal sentinel text.
+        drop = self.files.sentinel_id_set
+        return self.files.tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=skip_special_tokens,
                                            clean_up_tokenization_spaces=False)
 
     def model_info(self) -> ModelInfo:

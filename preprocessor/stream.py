@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Protocol
 
 from preprocessor.detokenizer import IncrementalDetokenizer
@@ -18,9 +18,11 @@ class EngineBackend(Protocol):
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
 
 
-async def stream_generation(request: EngineRequest, engine: EngineBackend, tokenizer) -> AsyncIterator[GenerationChunk]:
+async def stream_generation(request: EngineRequest, engine: EngineBackend, tokenizer,
+                            drop_ids: Collection[int] = ()) -> AsyncIterator[GenerationChunk]:
+    """`drop_ids` (the sentinel IDs) are streamed as IDs but never decoded to text."""
     sampling = request.sampling
-    detok = IncrementalDetokenizer(tokenizer, sampling.skip_special_tokens)
+    detok = IncrementalDetokenizer(tokenizer, sampling.skip_special_tokens, drop_ids)
     stops = StopMatcher(sampling.stop)
     produced = 0
     outputs = engine.generate(request)

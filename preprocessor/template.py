@@ -1,13 +1,15 @@
 """Chat template rendering: the model's own (processor or tokenizer) or an override, with kwargs.
 
 Content format follows vLLM's auto-detection: a template that loops over `message['content']` gets
-OpenAI-style part lists, any other gets strings. Each prompt_embeds part becomes ONE sentinel string;
+OpenAI-style part lists, any other gets strings. The k-th prompt_embeds part (conversation order)
+becomes ONE sentinel string, sentinel_text(k), so that it is recognized wherever the template moves it;
 each image becomes the template's image part (list format) or the processor's placeholder (string
 format), so that the processor later finds its own placeholder and expands it.
 """
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Any
 
@@ -16,7 +18,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from preprocessor.content import Conversation, Embeds, Image, Text
-from preprocessor.sentinel import SENTINEL
+from preprocessor.sentinel import sentinel_text
 from splice.errors import FailedPrecondition, InvalidArgument
 
 STRING = "string"
@@ -66,8 +68,10 @@ def content_format(template: str) -> str:
 
 
 def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None) -> list[dict[str, Any]]:
-    """The conversation as the template sees it: prompt_embeds -> SENTINEL, images -> image parts."""
+    """The conversation as the template sees it: the k-th prompt_embeds part -> sentinel_text(k), images ->
+    image parts."""
     out = []
+    embeds = itertools.count()  # the same order as Conversation.parts(Embeds), i.e. the tensors' order
     for msg in conv.messages:
         if fmt == OPENAI:
             content: Any = []
@@ -75,7 +79,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                 if isinstance(p, Text):
                     content.append({"type": "text", "text": p.text})
                 elif isinstance(p, Embeds):
-                    content.append({"type": "text", "text": SENTINEL})
+                    content.append({"type": "text", "text": sentinel_text(next(embeds))})
                 else:
                     content.append({"type": "image"})
         else:
@@ -86,7 +90,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                     # Like vLLM, consecutive text parts are joined by a newline.
                     pieces.append(("\n" if prev_text else "") + p.text)
                 elif isinstance(p, Embeds):
-                    pieces.append(SENTINEL)
+                    pieces.append(sentinel_text(next(embeds)))
                 elif isinstance(p, Image):
                     if image_placeholder is None:
                         raise FailedPrecondition(f"{p.where}: this model's processor has no image placeholder")

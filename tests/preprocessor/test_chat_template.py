@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
+from preprocessor.sentinel import SENTINEL_PREFIX, sentinel_text
 from preprocessor.service import PreprocessorCore
 from preprocessor.template import OPENAI, STRING, content_format
 from splice.errors import SpliceError
@@ -68,7 +69,7 @@ def test_string_template_places_one_sentinel_per_embeds_part(tiny):
     files, info = tiny["tiny-text"]
     conv = conversation(("user", ["a", rows(2, info.hidden_size), "b"]), chat_template=STRING_TEMPLATE)
     norm = PreprocessorCore(files, info).normalize_chat(conv)
-    assert norm.prompt.count("<|splice_prompt_embeds|>") == 1
+    assert norm.prompt.count(sentinel_text(0)) == 1 and norm.prompt.count(SENTINEL_PREFIX) == 1
     assert norm.request.embed_spans[0].length == 2
 
 
@@ -95,7 +96,7 @@ def test_template_that_drops_embeds_is_rejected(tiny):
     drops = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     conv = conversation(("user", ["a", rows(2, info.hidden_size)]), chat_template=drops)
     msg = _reject(PreprocessorCore(files, info), conv)
-    assert "rendered 0 prompt_embeds placeholders for 1" in msg
+    assert "rendered prompt_embeds part (message 0, part 1) 0 times" in msg
 
 
 def test_no_template_is_failed_precondition(tiny, monkeypatch):

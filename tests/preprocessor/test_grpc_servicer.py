@@ -71,7 +71,7 @@ async def test_tokenize_chat_with_embeds_and_image(stub):
                                                           _text("Look "), _embeds(x), _text(" now"))))
     assert all(t < info.vocab_rows for t in resp.token_ids)
     assert [(sp.length, sp.tensor_index) for sp in resp.embed_spans] == [(4, 0)]
-    assert resp.prompt.count("<|splice_prompt_embeds|>") == 1 and "<image>" in resp.prompt
+    assert resp.prompt.count("<|splice_prompt_embeds_0|>") == 1 and "<image>" in resp.prompt
     assert list(resp.image_token_counts) == [list(resp.token_ids).count(info.image_token_id)]
 
 
