@@ -61,6 +61,16 @@ def test_prompt_longer_than_max_model_len(tiny):
     assert "max_model_len is 10" in msg
 
 
+def test_prompt_must_leave_one_position_to_generate(tiny):
+    # the same bound as the engine's: a prompt filling the whole context could never get an answer
+    files, info = tiny["tiny-text"]
+    core = PreprocessorCore(files, replace(info, max_model_len=10))
+    fits = core.normalize_complete([TokenIds(tuple(range(1, 10)), Where(None, 0))]).request
+    assert fits.prompt_len == 9
+    msg = _reject(lambda: core.normalize_complete([TokenIds(tuple(range(1, 11)), Where(None, 0))]))
+    assert "10 positions long" in msg and "left to generate" in msg
+
+
 def test_embeds_on_an_engine_without_prompt_embeds(tiny):
     files, info = tiny["tiny-text"]
     core = PreprocessorCore(files, replace(info, input_kinds=(TEXT,)))
