@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from splice.errors import SpliceError
+from splice.grpc_wrap import rewrap
 
 log = logging.getLogger(__name__)
 
@@ -45,48 +46,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not details.method.startswith(self._prefix):
             return handler
         method = details.method
-        if handler.unary_unary:
-            inner = handler.unary_unary
 
-            async def unary_unary(request, context):
+        def unary(inner):
+            async def wrapper(request, context):
                 try:
                     return await inner(request, context)
                 except Exception as exc:
                     await _abort(context, method, exc)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            inner_us = handler.unary_stream
+            return wrapper
 
-            async def unary_stream(request, context):
+        def streaming(inner):
+            async def wrapper(request, context):
                 try:
-                    async for item in inner_us(request, context):
+                    async for item in inner(request, context):
                         yield item
                 except Exception as exc:
                     await _abort(context, method, exc)
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            inner_su = handler.stream_unary
+            return wrapper
 
-            async def stream_unary(request_iterator, context):
-                try:
-                    return await inner_su(request_iterator, context)
-                except Exception as exc:
-                    await _abort(context, method, exc)
-
-            return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer)
-        inner_ss = handler.stream_stream
-
-        async def stream_stream(request_iterator, context):
-            try:
-                async for item in inner_ss(request_iterator, context):
-                    yield item
-            except Exception as exc:
-                await _abort(context, method, exc)
-
-        return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer)
+        return rewrap(handler, unary, streaming)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from splice.grpc_wrap import rewrap
 from splice.metrics.rpc import RPC_SECONDS, RPCS, RPCS_IN_FLIGHT
 
 
@@ -85,11 +86,4 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
             return wrapper
 
-        ser, de = handler.response_serializer, handler.request_deserializer
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), de, ser)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), de, ser)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), de, ser)
-        return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), de, ser)
+        return rewrap(handler, unary, streaming)

@@ -1,0 +1,24 @@
+"""Rebuilds an RPC method handler around its behaviour, whatever its shape (for server interceptors).
+
+Unary-response shapes (unary_unary, stream_unary) take `unary(inner)`; streaming-response shapes take
+`streaming(inner)`. Each returns an async function (or async generator function) of (request, context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+
+Wrap = Callable[[Callable], Callable]
+
+
+def rewrap(handler: grpc.RpcMethodHandler, unary: Wrap, streaming: Wrap) -> grpc.RpcMethodHandler:
+    de, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), de, ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), de, ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), de, ser)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), de, ser)
