@@ -10,14 +10,14 @@ import grpc
 from clients.errors import SpliceClientError
 from clients.requests import chat_request, complete_request, tokenize_request, tokenized_from_pb
 from clients.types import Chunk, Tokenized
-from splice.grpc_options import CLIENT_KEEPALIVE
+from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 # Prompt embeddings and images make requests larger than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 512 << 20  # as the preprocessor accepts
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *CLIENT_KEEPALIVE]
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *CLIENT_OPTIONS]
 
 
 class SpliceClient:

@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
 from splice.grpc_errors import ErrorInterceptor
-from splice.grpc_options import SERVER_KEEPALIVE
+from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
@@ -32,7 +32,7 @@ class EngineServer:
         self.host = host
         self.engine = engine
         self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
-                                      options=SERVER_KEEPALIVE)
+                                      options=SERVER_OPTIONS)
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes))  # engine attached once warm
         engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
@@ -40,9 +40,7 @@ class EngineServer:
         reflection.enable_server_reflection(
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind {host}:{port}")
+        self.port = bind(self.server, host, port)
 
     @property
     def address(self) -> str:

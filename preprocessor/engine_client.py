@@ -15,7 +15,7 @@ from preprocessor.outputs import LENGTH, STOP, EngineOutput, Usage
 from splice.engine_request import EngineRequest
 from splice.engine_wire import encode_request
 from splice.errors import SpliceError, Unavailable
-from splice.grpc_options import CLIENT_KEEPALIVE
+from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
@@ -47,7 +47,7 @@ class EngineClient:
     def __init__(self, target: str) -> None:
         self.target = target
         # Tensor chunks keep each message small; responses are small too, so default limits suffice.
-        self._channel = grpc.aio.insecure_channel(target, options=CLIENT_KEEPALIVE)
+        self._channel = grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
 
     async def get_model_info(self, timeout: float = 5.0) -> ModelInfo:

@@ -23,7 +23,7 @@ from preprocessor.service import PreprocessorCore
 from preprocessor.servicer import PreprocessorServicer
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_errors import ErrorInterceptor
-from splice.grpc_options import SERVER_KEEPALIVE
+from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics.preprocessor import ENGINE_CONNECTED
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.model_info import ModelInfo
@@ -64,13 +64,11 @@ class PreprocessorServer:
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
         server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
-                                 options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_KEEPALIVE])
+                                 options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        self.port = server.add_insecure_port(f"{self.host}:{self.port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind {self.host}")
+        self.port = bind(server, self.host, self.port)
         await self._set_serving(False)
         await server.start()
         self._server = server

@@ -6,19 +6,41 @@ a partitioned host) in seconds, as UNAVAILABLE, instead of waiting for a deadlin
 
 from __future__ import annotations
 
+import grpc
+
+from splice.errors import FailedPrecondition
+
 KEEPALIVE_TIME_MS = 10_000  # ping an idle or busy connection this often
 KEEPALIVE_TIMEOUT_MS = 5_000  # no ack within this: the connection is dead, its calls fail UNAVAILABLE
 
-CLIENT_KEEPALIVE: list[tuple[str, int]] = [
+CLIENT_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC waits this long (default 60 s) for a ping ack
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),  # keep pinging during a long silent prefill
+    # a restarted peer is found within seconds: gRPC's default backoff grows to two minutes
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 
 # Servers must accept those pings, or they answer with GOAWAY (too_many_pings) and drop the connection.
-SERVER_KEEPALIVE: list[tuple[str, int]] = [
+# so_reuseport off: gRPC turns it on by default, so a second server on a busy port would start without
+# error and share the port's connections with the first; binding must fail instead.
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+def bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Listens on host:port (0 = a free port) and returns the port; a busy port is an error, not shared."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise FailedPrecondition(f"cannot listen on {host}:{port}: the address is in use or not available")
+    return bound

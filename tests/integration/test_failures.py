@@ -56,9 +56,12 @@ def test_frozen_engine_gives_unavailable_without_waiting_for_the_deadline(tiny_d
                     pass
             waited = time.monotonic() - frozen_at
             assert err.value.code == grpc.StatusCode.UNAVAILABLE, err.value
-            assert waited < 120, f"UNAVAILABLE only after {waited:.1f}s"  # keepalive, not the 300 s deadline
+            assert waited < 60, f"UNAVAILABLE only after {waited:.1f}s"  # keepalive (~15 s), not the 300 s deadline
             engine.proc.send_signal(signal.SIGCONT)
+            resumed_at = time.monotonic()
             chunks = _retry_while(client, grpc.StatusCode.UNAVAILABLE, 90)
+            print(f"frozen engine: UNAVAILABLE after {waited:.1f}s, served again {time.monotonic() - resumed_at:.1f}s "
+                  "after SIGCONT")
             assert chunks[-1].finish_reason in ("stop", "length")
     finally:
         if engine.alive:
