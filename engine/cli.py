@@ -7,17 +7,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 
+from splice.errors import SpliceError
 from splice.tiny import DEFAULT_MODEL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="tiny model name, local HF folder, or HF id in the local cache (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1")
+                        help="tiny model name, local HF folder, or HF id in the local cache")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed when ready)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="auto: the checkpoint's dtype on cuda, float32 on cpu")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the config's max_position_embeddings")
     parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
@@ -28,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="request tensor bytes held at once across calls; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -60,5 +63,9 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(args))
+    try:
+        asyncio.run(_serve(args))
+    except SpliceError as exc:  # a wrong --model, a busy port: the message says it, no traceback needed
+        print(f"splice engine: {exc.message}", file=sys.stderr)
+        return 2
     return 0

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from preprocessor.limits import Limits
+from splice.errors import SpliceError
 
 DEFAULTS = Limits()
 
@@ -20,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="tokenizer/processor source (tiny name, folder or cached HF id); default: the model "
                              "the engine reports")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--allowed-media-dir", type=Path, default=None,
                         help="allow image paths under this directory (off by default)")
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -78,5 +79,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(args))
+    try:
+        asyncio.run(serve(args))
+    except SpliceError as exc:  # a wrong --model, a busy port: the message says it, no traceback needed
+        print(f"splice preprocessor: {exc.message}", file=sys.stderr)
+        return 2
     return 0

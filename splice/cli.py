@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--max-tokens", type=int, default=24)
     p.set_defaults(func=_demo)
+    for command in sub.choices.values():  # every --help shows the defaults
+        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     return parser
 
 

@@ -11,22 +11,27 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def check(address: str, timeout: float = 3.0) -> bool:
+def status(address: str, timeout: float = 3.0) -> str:
+    """SERVING, NOT_SERVING (up, but loading or without its engine), or UNREACHABLE."""
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+            return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def check(address: str, timeout: float = 3.0) -> bool:
+    return status(address, timeout) == "SERVING"
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         print(__doc__.strip(), file=sys.stderr)
-        return 2
-    healthy = check(sys.argv[1])
-    print("SERVING" if healthy else "NOT_SERVING")
-    return 0 if healthy else 1
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
+    answer = status(sys.argv[1])
+    print(answer)
+    return 0 if answer == "SERVING" else 1
 
 
 if __name__ == "__main__":
