@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import grpc
 from google.protobuf import struct_pb2
 
+from clients.errors import SpliceClientError
 from clients.parts import to_message
 from clients.types import Tokenized
+from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from splice.tensors import tensor_to_pb
+from splice.v1 import common_pb2
 from splice.v1 import preprocessor_pb2 as pp
 
 
@@ -19,7 +23,7 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
                  **sampling: Any) -> pp.ChatRequest:
     """`sampling` takes SamplingParams' fields (temperature, top_p, top_k, seed, max_tokens, stop, ...)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m) for m in messages],
-                         sampling=SamplingParams(**_tuples(sampling)).to_pb())
+                         sampling=_sampling(sampling))
     if add_generation_prompt is not None:
         req.add_generation_prompt = add_generation_prompt
     if chat_template is not None:
@@ -41,9 +45,16 @@ def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling:
             parts.append(pp.PromptPart(token_ids=pp.TokenIds(ids=[int(i) for i in item])))
         elif isinstance(item, pp.PromptPart):
             parts.append(item)
+        elif isinstance(item, pp.PromptEmbeds):  # the torch_base64 / safetensors forms
+            parts.append(pp.PromptPart(prompt_embeds=item))
+        elif isinstance(item, pp.ContentPart) and item.WhichOneof("kind") == "prompt_embeds":
+            parts.append(pp.PromptPart(prompt_embeds=item.prompt_embeds))
+        elif isinstance(item, pp.ContentPart):
+            raise TypeError(f"Complete takes token IDs, text and prompt embeddings, not a {item.WhichOneof('kind')} "
+                            "part (images need Chat)")
         else:
             parts.append(pp.PromptPart(prompt_embeds=pp.PromptEmbeds(tensor=tensor_to_pb(item))))
-    return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=SamplingParams(**_tuples(sampling)).to_pb())
+    return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
 
 
 def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None, add_special_tokens: bool = False,
@@ -58,5 +69,10 @@ def tokenized_from_pb(pb: pp.TokenizeResponse) -> Tokenized:
                      tuple(pb.image_token_counts))
 
 
-def _tuples(sampling: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()}
+def _sampling(sampling: dict) -> common_pb2.SamplingParams:
+    """Validated here with the server's own rules, raised as the same SpliceClientError the server would give."""
+    try:
+        params = SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()})
+    except SpliceError as exc:
+        raise SpliceClientError(grpc.StatusCode[exc.code], exc.message) from None
+    return params.to_pb()

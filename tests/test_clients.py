@@ -57,3 +57,23 @@ def test_chunk_from_pb_final():
     chunk = Chunk.from_pb(pb)
     assert chunk.finish_reason == "length" and chunk.usage.prompt_tokens == 7
     assert Chunk.from_pb(pp.GenerationChunk(text="y")).finish_reason is None
+
+
+def test_complete_takes_the_content_part_and_prompt_embeds_forms():
+    b64 = pp.PromptEmbeds(torch_base64="AAAA")
+    req = complete_request([[5, 6], pp.ContentPart(prompt_embeds=b64), b64])
+    assert [p.WhichOneof("kind") for p in req.prompt] == ["token_ids", "prompt_embeds", "prompt_embeds"]
+    assert req.prompt[1].prompt_embeds.torch_base64 == "AAAA"
+    with pytest.raises(TypeError, match="images need Chat"):
+        complete_request([pp.ContentPart(image=pp.ImageInput(data=b"x"))])
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"max_tokens": 0}])
+def test_bad_sampling_is_the_same_client_error_the_server_gives(sampling):
+    import grpc
+
+    from clients import SpliceClientError
+
+    with pytest.raises(SpliceClientError) as err:
+        chat_request([{"role": "user", "content": "hi"}], **sampling)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and next(iter(sampling)) in err.value.details
