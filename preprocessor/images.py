@@ -94,5 +94,6 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
     except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning) as exc:
         raise InvalidArgument(f"{part.where}: image refused as too large: {exc}") from None
     except Exception as exc:  # PIL raises many types for corrupt files (OSError, SyntaxError, ValueError...)
-        raise InvalidArgument(f"{part.where}: image cannot be decoded ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})") from None
+        # PIL's messages name its in-memory file object ("<_io.BytesIO object at 0x...>"): not the caller's
+        detail = re.sub(r"<_io\.\w+ object at 0x[0-9a-f]+>", "the image data", str(exc))[:200]
+        raise InvalidArgument(f"{part.where}: image cannot be decoded ({type(exc).__name__}: {detail})") from None

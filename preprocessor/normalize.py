@@ -80,13 +80,14 @@ def _check_reserved(conv: Conversation, files: ModelFiles) -> None:
                               f"of the prompt_embeds sentinels)")
 
 
-def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits) -> None:
+def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits,
+                  first_image: object = "") -> None:
     if n_images > limits.max_images:
         raise InvalidArgument(f"the request has {n_images} images; at most {limits.max_images}")
     cap = min(limits.max_embeds_parts, len(files.sentinel_ids))  # one sentinel per part
     if n_embeds > cap:
         raise InvalidArgument(f"the request has {n_embeds} prompt_embeds parts; at most {cap}")
-    check_images_supported(n_images, info, files.accepts_images)
+    check_images_supported(n_images, info, files.accepts_images, first_image)
     check_embeds_supported(n_embeds, info)
 
 
@@ -95,7 +96,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     """`count_images` fills Normalized.image_token_counts (Tokenize's answer); tiled layouts pay a processor
     run per image for it, so the generation path leaves it off."""
     images, embeds = conv.parts(Image), conv.parts(Embeds)
-    _check_counts(len(images), len(embeds), info, files, limits)
+    _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
     rows = [decode_embeds(p, info, limits) for p in embeds]  # each [n_k, hidden]
     pictures = [load_image(p, limits) for p in images]

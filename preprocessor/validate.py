@@ -23,10 +23,11 @@ def check_length(n: int, info: ModelInfo) -> None:
                               f"{info.max_model_len} and at least one position must be left to generate")
 
 
-def check_images_supported(n_images: int, info: ModelInfo, processor_has_images: bool) -> None:
+def check_images_supported(n_images: int, info: ModelInfo, processor_has_images: bool, first: object = "") -> None:
+    """`first` names the first image part, for the message."""
     if n_images and not info.accepts_images:
-        raise FailedPrecondition(f"the request has {n_images} image(s), but the served model "
-                                 f"({info.architecture}) does not accept images")
+        raise FailedPrecondition(f"{first}: image part, but the served model ({info.architecture}) does not accept "
+                                 f"images ({n_images} in the request)")
     if n_images and not processor_has_images:
         raise FailedPrecondition("the request has images, but the preprocessor's model files have no image "
                                  "processor")

@@ -189,8 +189,8 @@ async def test_closing_the_stream_aborts_and_frees_the_slot(text_engine):
     keep = asyncio.ensure_future(collect(engine, text_request(random_ids(5, seed=1), "keep", max_tokens=300)))
     gen = engine.generate(text_request(random_ids(7, seed=2), "gone", max_tokens=1000))
     got = [await gen.__anext__() for _ in range(2)]
-    for _ in range(500):  # "keep" is validated in a thread and may be admitted a step later
-        if engine.num_running == 2:
+    for _ in range(500):  # "keep" is validated in a thread: admitted, then prefilled, a step or two later
+        if engine.num_running == 2 and len(engine.runner.seq_ids) == 2:
             break
         await asyncio.sleep(0.01)
     assert engine.num_running == 2 and len(engine.runner.seq_ids) == 2

@@ -50,7 +50,8 @@ def test_rgba_and_grayscale_become_rgb():
 
 
 def test_corrupt_image_rejected():
-    assert "cannot be decoded" in _reject(Image("data", b"\x89PNG\r\n\x1a\nnot really", WHERE), Limits())
+    message = _reject(Image("data", b"\x89PNG\r\n\x1a\nnot really", WHERE), Limits())
+    assert "cannot be decoded" in message and "0x" not in message  # no internal object addresses
     truncated = png_bytes(40, 40)[:60]
     assert "cannot be decoded" in _reject(Image("data", truncated, WHERE), Limits())
 
@@ -120,8 +121,9 @@ def test_missing_file_and_directory_rejected(tmp_path):
 def test_images_on_a_text_model_fail_precondition(tiny):
     files, info = tiny["tiny-text"]
     with pytest.raises(SpliceError) as exc:
-        PreprocessorCore(files, info).normalize_chat(conversation(("user", [png_bytes(), "hi"])))
+        PreprocessorCore(files, info).normalize_chat(conversation(("user", ["look", png_bytes(), "hi"])))
     assert exc.value.code == "FAILED_PRECONDITION" and "does not accept images" in exc.value.message
+    assert "messages[0].content[1]" in exc.value.message  # names the part
 
 
 def test_too_many_images(tiny):
