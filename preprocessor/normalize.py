@@ -98,7 +98,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
-    rows = [decode_embeds(p, info, limits) for p in embeds]  # each [n_k, hidden]
+    rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
     pictures = [load_image(p, limits) for p in images]
     prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder)
     ids, model_inputs = _tokenize(prompt, pictures, files)
@@ -140,7 +140,24 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
             spans.append(sentinel.Span(len(ids), r.shape[0], len(rows)))
             rows.append(r)
             ids.extend([sentinel.FILLER_ID] * r.shape[0])
+            if len(ids) >= info.max_model_len:  # stop decoding further parts: the prompt cannot fit already
+                raise InvalidArgument(f"{p.where}: the prompt is {len(ids)} positions long by this part; the "
+                                      f"engine's max_model_len is {info.max_model_len}")
     return _finish(ids, spans, rows, {}, "", (), tuple(ids), sampling, request_id, info)
+
+
+def _decode_all(parts: Sequence[Embeds], info: ModelInfo, limits: Limits) -> list[torch.Tensor]:
+    """Decodes parts in order, stopping as soon as their rows alone fill the context: each part is capped
+    by itself, and this keeps many parts from adding up to far more than any prompt can hold."""
+    rows: list[torch.Tensor] = []
+    total = 0
+    for p in parts:
+        rows.append(decode_embeds(p, info, limits))  # [n, hidden]
+        total += rows[-1].shape[0]
+        if total >= info.max_model_len:
+            raise InvalidArgument(f"{p.where}: the prompt_embeds parts so far hold {total} rows; the engine's "
+                                  f"max_model_len is {info.max_model_len}")
+    return rows
 
 
 def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: ModelInfo) -> list[int]:

@@ -130,3 +130,15 @@ def test_processor_and_engine_image_tokens_must_agree(tiny):
     msg = _reject(lambda: core.normalize_chat(conversation(("user", [png_bytes(), "hi"]))),
                   code="FAILED_PRECONDITION")
     assert "does not match the engine" in msg
+
+
+def test_many_parts_cannot_add_up_past_the_context(tiny):
+    # each part fits alone; together they pass max_model_len, and decoding stops at the part that does it
+    files, info = tiny["tiny-text"]
+    core = PreprocessorCore(files, replace(info, max_model_len=100))
+    parts = ["x"] + [rows(40, info.hidden_size, seed=k) for k in range(5)]
+    msg = _reject(lambda: core.normalize_chat(conversation(("user", parts))))
+    assert "content[3]" in msg and "120 rows" in msg
+    prompt = [Embeds("tensor", raw(rows(40, info.hidden_size, seed=k)), Where(None, k)) for k in range(5)]
+    msg = _reject(lambda: core.normalize_complete(prompt))
+    assert "prompt[2]" in msg and "120 positions" in msg
