@@ -6,12 +6,11 @@ Servicers stay thin: they raise the core's errors and never call context.abort t
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 import grpc
 
 from splice.errors import SpliceError
-from splice.grpc_wrap import rewrap
+from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +30,10 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, exc: Exception)
     await context.abort(code, message)
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps the handlers of services under `prefix` (health and reflection are left alone)."""
+class ErrorInterceptor(SpliceInterceptor):
+    """Every exception of a splice.v1 handler becomes its status code."""
 
-    def __init__(self, prefix: str = "/splice.v1.") -> None:
-        self._prefix = prefix
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(self._prefix):
-            return handler
-        method = details.method
-
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         def unary(inner):
             async def wrapper(request, context):
                 try:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 
-from splice.grpc_wrap import rewrap
+from splice.grpc_wrap import SpliceInterceptor, rewrap
 from splice.metrics.rpc import RPC_SECONDS, RPCS, RPCS_IN_FLIGHT
 
 
@@ -44,21 +44,11 @@ class _Call:
         RPCS.labels(self.service, self.method, status_code(context, exc).name).inc()
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps the handlers of services under `prefix` (health and reflection are not counted)."""
+class MetricsInterceptor(SpliceInterceptor):
+    """Counts and times every splice.v1 RPC (health and reflection are not counted)."""
 
-    def __init__(self, prefix: str = "/splice.v1.") -> None:
-        self._prefix = prefix
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(self._prefix):
-            return handler
-        service, _, method = details.method.lstrip("/").partition("/")  # "/splice.v1.Engine/Generate"
+    def wrap(self, handler: grpc.RpcMethodHandler, full_method: str) -> grpc.RpcMethodHandler:
+        service, _, method = full_method.lstrip("/").partition("/")  # "/splice.v1.Engine/Generate"
 
         def unary(inner):
             async def wrapper(request, context):
