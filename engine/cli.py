@@ -7,9 +7,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 
-from splice.errors import SpliceError
+from splice.service_main import run_service
 from splice.tiny import DEFAULT_MODEL
 
 
@@ -62,10 +61,4 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(_serve(args))
-    except SpliceError as exc:  # a wrong --model, a busy port: the message says it, no traceback needed
-        print(f"splice engine: {exc.message}", file=sys.stderr)
-        return 2
-    return 0
+    return run_service("engine", _serve(args), args.log_level)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from pathlib import Path
 
 from preprocessor.limits import Limits
-from splice.errors import SpliceError
+from splice.service_main import run_service
 
 DEFAULTS = Limits()
 
@@ -72,16 +71,9 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         limits_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2
-    try:
-        asyncio.run(serve(args))
-    except SpliceError as exc:  # a wrong --model, a busy port: the message says it, no traceback needed
-        print(f"splice preprocessor: {exc.message}", file=sys.stderr)
-        return 2
-    return 0
+    return run_service("preprocessor", serve(args), args.log_level)
