@@ -12,6 +12,7 @@ COPY splice ./splice
 COPY engine ./engine
 COPY preprocessor ./preprocessor
 COPY clients ./clients
+COPY app ./app
 RUN pip install --no-cache-dir .
 EXPOSE 50051 50061
 CMD ["splice", "up", "--host", "0.0.0.0"]

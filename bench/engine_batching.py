@@ -19,10 +19,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+from app.models import resolve_model
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from splice.engine_request import EngineRequest
-from splice.models import resolve_model
 from splice.sampling import SamplingParams
 
 

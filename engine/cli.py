@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 
-from splice.service_main import run_service
-from splice.tiny import DEFAULT_MODEL
+from splice.service_main import Resolve, run_service
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL,
+    parser.add_argument("--model", default=None,
                         help="tiny model name, local HF folder, or HF id in the local cache")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed when ready)")
@@ -33,16 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
     from engine.config import EngineConfig
     from engine.server import EngineServer
     from splice.metrics import start_exporter
-    from splice.models import resolve_model
 
     if args.metrics_port is not None:  # first: the metrics line precedes the ready line
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"engine metrics on {exporter.address}", flush=True)
-    folder = resolve_model(args.model, progress=lambda m: logging.getLogger("splice.engine").info("%s", m))
+    folder = resolve(args.model)
     cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
                        max_queue=args.max_queue, model_name=args.model,
@@ -60,5 +57,5 @@ async def _serve(args: argparse.Namespace) -> None:
         await server.stop()
 
 
-def run(args: argparse.Namespace) -> int:
-    return run_service("engine", _serve(args), args.log_level)
+def run(args: argparse.Namespace, resolve: Resolve) -> int:
+    return run_service("engine", _serve(args, resolve), args.log_level)

@@ -10,7 +10,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str  # a local HF folder (already resolved by splice.models.resolve_model)
+    model: str  # a local HF folder (already resolved by app.models.resolve_model)
     device: str = "auto"  # "auto" = cuda when available, else cpu; "cuda:1" style indices allowed
     dtype: str = "auto"  # "auto" = the checkpoint's dtype on cuda, float32 on cpu
     max_model_len: int | None = None  # None = the config's max_position_embeddings

@@ -23,6 +23,7 @@ import torch
 from engine.config import EngineConfig
 from engine.embedder import prompt_embeddings
 from engine.loader import LoadedModel, load
+from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler
@@ -30,7 +31,6 @@ from engine.sequence import FinishReason, Sequence
 from engine.validate import validate_request
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
-from splice.metrics.engine import EngineStats, NoStats
 from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 

@@ -67,7 +67,7 @@ def load(cfg: EngineConfig) -> LoadedModel:
 
     path = cfg.model
     if not (Path(path) / "config.json").exists():
-        raise FailedPrecondition(f"{path}: no config.json (resolve the model with splice.models.resolve_model)")
+        raise FailedPrecondition(f"{path}: no config.json (resolve the model with app.models.resolve_model)")
     config = transformers.AutoConfig.from_pretrained(path)
     arch = (config.architectures or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None

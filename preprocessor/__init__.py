@@ -10,6 +10,8 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
                  expand, locate all spans (by sentinel identity), consume; then validate.py against the
                  engine's ModelInfo. Complete builds its spans from part boundaries, without sentinels
   stream.py      engine tokens -> detokenizer.py (whole characters only) -> stop.py -> GenerationChunks
-  service.py     PreprocessorCore: the RPCs on dataclasses, no grpc
-  servicer.py / server.py / cli.py   the grpc.aio shell; engine_client.py the link to the engine
+  core.py        PreprocessorCore: the RPCs on dataclasses, no grpc
+  engine_link.py the engine connection: watches the engine, holds the current core, readiness;
+                 engine_client.py its Generate / GetModelInfo calls
+  servicer.py / server.py / cli.py   the grpc.aio shell (wiring only); metrics.py its Prometheus metrics
 """

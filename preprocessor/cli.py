@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from preprocessor.limits import Limits
-from splice.service_main import run_service
+from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
 
@@ -41,17 +41,16 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
     from preprocessor.server import PreprocessorServer
     from splice.metrics import start_exporter
-    from splice.models import resolve_model
 
     if args.metrics_port is not None:  # first: the metrics line precedes the ready line
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
-                                resolve=resolve_model)
+                                resolve=resolve)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,10 +69,10 @@ async def serve(args: argparse.Namespace) -> None:
         await server.stop()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, resolve: Resolve) -> int:
     try:
         limits_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2
-    return run_service("preprocessor", serve(args), args.log_level)
+    return run_service("preprocessor", serve(args, resolve), args.log_level)

@@ -9,7 +9,7 @@ from contextlib import aclosing
 import grpc
 
 from preprocessor.convert import chunk_to_pb, conversation_from_pb, prompt_from_pb, tokenize_to_pb
-from preprocessor.service import PreprocessorCore
+from preprocessor.core import PreprocessorCore
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
@@ -17,7 +17,7 @@ from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     def __init__(self, core: Callable[[], PreprocessorCore]) -> None:
-        # A getter, not the core: the server swaps the core when the engine (re)appears; it raises
+        # A getter, not the core: the engine link swaps the core when the engine (re)appears; it raises
         # Unavailable while there is none.
         self._core = core
 

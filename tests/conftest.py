@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def tiny_dirs() -> dict[str, Path]:
-    from splice.tiny import TINY_MODELS, ensure
+    from app.tiny import TINY_MODELS, ensure
 
     return {name: ensure(name) for name in TINY_MODELS}
 

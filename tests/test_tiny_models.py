@@ -15,8 +15,8 @@ from transformers import (
     AutoTokenizer,
 )
 
-from splice.tiny import BUILDER_VERSION, TINY_MODELS, ensure, model_dir
-from splice.tiny.builder import MARKER
+from app.tiny import BUILDER_VERSION, TINY_MODELS, ensure, model_dir
+from app.tiny.builder import MARKER
 
 
 def _picture(w: int, h: int) -> Image.Image:

@@ -1,13 +1,13 @@
-"""Prometheus metrics: the definitions (one module per process kind) and the /metrics exporter.
+"""Prometheus metrics shared by both services (RPC metrics) and the /metrics exporter.
 
 Metrics live in the process-wide default registry and are defined once, at module level, so several
 in-process servers (tests) share them instead of registering duplicates. Each service is its own
 process, and each imports only its own module: the engine's /metrics shows splice_rpc_* and
 splice_engine_*, the preprocessor's splice_rpc_* and splice_preprocessor_*.
 
-    splice.metrics.rpc           RPCs by service/method/status code, latency (both services)
-    splice.metrics.engine        scheduler queue, tokens, finish reasons, step timing, TTFT
-    splice.metrics.preprocessor  normalization latency, prompt shape, TTFT and end-to-end latency
+    splice.metrics.rpc     RPCs by service/method/status code, latency (both services)
+    engine/metrics.py      scheduler queue, tokens, finish reasons, step timing, TTFT
+    preprocessor/metrics.py  normalization latency, prompt shape, TTFT and end-to-end latency
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from splice.v1 import common_pb2, engine_pb2_grpc
 
 @pytest.mark.integration
 def test_cli_serves_on_the_printed_port_and_stops_cleanly(tiny_dirs):
-    cmd = [sys.executable, "-m", "splice.cli", "engine", "--model", "tiny-text", "--port", "0",
+    cmd = [sys.executable, "-m", "app.cli", "engine", "--model", "tiny-text", "--port", "0",
            "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from splice.demo import embedding_rows, sample_picture
-from splice.launch import start_stack
+from app.demo import embedding_rows, sample_picture
+from app.launch import start_stack
 
 MODEL = "tiny-idefics3"
 

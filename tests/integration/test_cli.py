@@ -12,7 +12,7 @@ import time
 import torch
 from safetensors.torch import save_file
 
-from splice.demo import embedding_rows, sample_picture
+from app.demo import embedding_rows, sample_picture
 from tests.integration.conftest import MODEL
 
 
@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
     port, engine_port = _free_port(), _free_port()
-    up = subprocess.Popen([sys.executable, "-m", "splice.cli", "up", "--model", MODEL, "--port", str(port),
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--model", MODEL, "--port", str(port),
                            "--engine-port", str(engine_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=os.environ.copy())
     try:
@@ -42,13 +42,13 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
         sample_picture().save(image)
         embeds = tmp_path / "soft.safetensors"
         save_file({"embeds": embedding_rows(model_dir, [1, 2, 3, 4]).to(torch.float32).contiguous()}, str(embeds))
-        chat = subprocess.run([sys.executable, "-m", "splice.cli", "chat", "What is this?", "--target",
+        chat = subprocess.run([sys.executable, "-m", "app.cli", "chat", "What is this?", "--target",
                                f"127.0.0.1:{port}", "--image", str(image), "--embeds", str(embeds),
                                "--max-tokens", "5"], capture_output=True, text=True, timeout=120)
         assert chat.returncode == 0, chat.stderr
         assert "finish_reason=" in chat.stderr and "completion_tokens=" in chat.stderr
 
-        bad = subprocess.run([sys.executable, "-m", "splice.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
+        bad = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
                               "--image", str(embeds)], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from app.launch import start
 from clients import SpliceClient
-from splice.launch import start
 
 ROOT = Path(__file__).resolve().parents[2]
 

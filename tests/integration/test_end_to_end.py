@@ -76,7 +76,7 @@ def test_malformed_embeds_rejected_then_next_request_succeeds(stack, bad):
 
 
 def test_vllm_encoded_embeds_accepted(stack, model_dir):
-    from splice.demo import embedding_rows
+    from app.demo import embedding_rows
 
     _, pre = stack
     buf = io.BytesIO()

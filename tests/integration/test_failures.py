@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
+from app.launch import start, start_stack, wait_healthy
 from clients import SpliceClient, SpliceClientError
-from splice.launch import start, start_stack, wait_healthy
 from tests.integration.conftest import MODEL
 
 LONG = {"temperature": 0.0, "max_tokens": 1500, "ignore_eos": True}

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.launch import Service, start_stack
 from clients import SpliceClient, SpliceClientError
-from splice.launch import Service, start_stack
 from tests.integration.conftest import MODEL
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

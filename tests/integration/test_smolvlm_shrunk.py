@@ -12,10 +12,10 @@ import shutil
 import pytest
 import torch
 
+from app.demo import embedding_rows, sample_picture
+from app.launch import start_stack
 from clients import SpliceClient
 from preprocessor.model_files import load_model_files
-from splice.demo import embedding_rows, sample_picture
-from splice.launch import start_stack
 
 SMOLVLM = "HuggingFaceTB__SmolVLM-256M-Instruct"
 NON_WEIGHT_FILES = ("added_tokens.json", "chat_template.json", "generation_config.json", "merges.txt",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
+from app.tiny import templates
+from preprocessor.core import PreprocessorCore
 from preprocessor.sentinel import SENTINEL_PREFIX, sentinel_text
-from preprocessor.service import PreprocessorCore
 from preprocessor.template import OPENAI, STRING, content_format
 from splice.errors import SpliceError
-from splice.tiny import templates
 from tests.preprocessor.pp_factories import conversation
 
 STRING_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

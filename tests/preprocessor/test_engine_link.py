@@ -14,9 +14,9 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from app.models import resolve_model
+from preprocessor.core import PreprocessorCore
 from preprocessor.server import PreprocessorServer
-from preprocessor.service import PreprocessorCore
-from splice.models import resolve_model
 from splice.tensors import tensor_to_pb
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
@@ -141,7 +141,7 @@ async def test_cli_prints_the_real_port(tiny_dirs, tiny):
     es, engine_port = await start_standin(StandinEngine(info, [5]))
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "splice.cli", "preprocessor", "--engine", f"127.0.0.1:{engine_port}", "--port", "0",
+        sys.executable, "-m", "app.cli", "preprocessor", "--engine", f"127.0.0.1:{engine_port}", "--port", "0",
         "--model", str(tiny_dirs["tiny-text"]), "--poll-interval", "0.1",
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
     try:

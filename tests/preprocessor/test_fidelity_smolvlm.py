@@ -9,7 +9,7 @@ import pytest
 from PIL import Image as PILImage
 from transformers import AutoProcessor
 
-from preprocessor.service import PreprocessorCore
+from preprocessor.core import PreprocessorCore
 from tests.preprocessor.pp_factories import conversation, files_for, model_info_from_config, png_bytes, rows
 
 pytestmark = pytest.mark.fidelity

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from preprocessor.content import Text, Where
+from preprocessor.core import PreprocessorCore
 from preprocessor.outputs import LENGTH, STOP, EngineOutput, Usage
-from preprocessor.service import PreprocessorCore
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from tests.preprocessor.pp_factories import conversation

@@ -7,9 +7,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from preprocessor.core import PreprocessorCore
 from preprocessor.limits import Limits
 from preprocessor.server import PreprocessorServer
-from preprocessor.service import PreprocessorCore
 from splice.tensors import tensor_to_pb
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 from tests.preprocessor.pp_factories import png_bytes, rows

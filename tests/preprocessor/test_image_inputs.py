@@ -10,9 +10,9 @@ import pytest
 from PIL import Image as PILImage
 
 from preprocessor.content import Image, Where
+from preprocessor.core import PreprocessorCore
 from preprocessor.images import load_image
 from preprocessor.limits import Limits
-from preprocessor.service import PreprocessorCore
 from splice.errors import SpliceError
 from tests.preprocessor.pp_factories import conversation, png_bytes
 

@@ -9,8 +9,8 @@ import torch
 from PIL import Image as PILImage
 from transformers import AutoProcessor, AutoTokenizer
 
+from preprocessor.core import PreprocessorCore
 from preprocessor.sentinel import FILLER_ID
-from preprocessor.service import PreprocessorCore
 from splice.engine_request import PROMPT_EMBEDS
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 

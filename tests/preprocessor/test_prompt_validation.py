@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from preprocessor.content import Embeds, Text, TokenIds, Where
+from preprocessor.core import PreprocessorCore
 from preprocessor.sentinel import SENTINEL_PREFIX, sentinel_text
-from preprocessor.service import PreprocessorCore
 from splice.errors import SpliceError
 from splice.model_info import TEXT
 from tests.preprocessor.pp_factories import conversation, raw, rows

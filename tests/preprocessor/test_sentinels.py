@@ -13,11 +13,11 @@ from PIL import Image as PILImage
 from transformers import AutoProcessor
 
 from preprocessor.content import Conversation, Embeds, Message, Text, TokenIds, Where
+from preprocessor.core import PreprocessorCore
 from preprocessor.detokenizer import IncrementalDetokenizer
 from preprocessor.limits import MAX_EMBEDS_PARTS, Limits
 from preprocessor.outputs import LENGTH, EngineOutput, Usage
 from preprocessor.sentinel import FILLER_ID, SENTINEL_PREFIX, sentinel_text
-from preprocessor.service import PreprocessorCore
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from tests.preprocessor.pp_factories import conversation, files_for, model_info_from_config, png_bytes, raw, rows

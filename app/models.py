@@ -5,8 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from app.tiny import TINY_MODELS, ensure
 from splice.errors import FailedPrecondition
-from splice.tiny import TINY_MODELS, ensure
+
+NOISE_NOTE = ("note: {model} is a built-in tiny model with random weights: its answers are noise by "
+              "construction. Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) "
+              "for real weights.")
+
+
+def noise_note(model: str) -> str | None:
+    """What to tell a user about `model`'s answers: built-in tiny models answer noise."""
+    return NOISE_NOTE.format(model=model) if model in TINY_MODELS else None
 
 
 def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = None) -> str:

@@ -52,8 +52,8 @@ class Service:
 
 def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300.0,
           echo: Callable[[str], None] | None = None) -> Service:
-    """Runs `python -m splice.cli NAME ARGS...` and returns once it printed its ready line."""
-    cmd = [sys.executable, "-u", "-m", "splice.cli", name, *args]
+    """Runs `python -m app.cli NAME ARGS...` and returns once it printed its ready line."""
+    cmd = [sys.executable, "-u", "-m", "app.cli", name, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env={**os.environ, **(env or {})})
     service = Service(name, proc)

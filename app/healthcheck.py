@@ -1,4 +1,4 @@
-"""python -m splice.healthcheck HOST:PORT — exit 0 when the server's grpc.health.v1 says SERVING.
+"""python -m app.healthcheck HOST:PORT — exit 0 when the server's grpc.health.v1 says SERVING.
 
 The containers' healthcheck; needs no extra binary (grpc_health_probe) in the image.
 """

@@ -63,16 +63,14 @@ def describe(messages: list[dict]) -> str:
 
 
 def run_demo(model: str, max_tokens: int = 24) -> int:
+    from app.launch import start_stack
+    from app.models import noise_note, resolve_model
     from clients import SpliceClient
-    from splice.cli import NOISE_NOTE
-    from splice.launch import start_stack
-    from splice.models import resolve_model
-    from splice.tiny import TINY_MODELS
 
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     model_dir = resolve_model(model, progress=say)
-    if model in TINY_MODELS:
-        say(NOISE_NOTE.format(model=model))
+    if note := noise_note(model):
+        say(note)
     say("starting engine and preprocessor ...")
     engine, pre = start_stack(model, echo=say)
     try:

@@ -3,6 +3,6 @@
 `ensure("tiny-llava")` returns the folder of a cached checkpoint, building it first when missing.
 """
 
-from splice.tiny.builder import BUILDER_VERSION, DEFAULT_MODEL, TINY_MODELS, ensure, model_dir
+from app.tiny.builder import BUILDER_VERSION, DEFAULT_MODEL, TINY_MODELS, ensure, model_dir
 
 __all__ = ["BUILDER_VERSION", "DEFAULT_MODEL", "TINY_MODELS", "ensure", "model_dir"]

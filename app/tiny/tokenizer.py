@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from splice.tiny.corpus import CORPUS
+from app.tiny.corpus import CORPUS
 
 BOS = "<|begin_of_text|>"
 EOS = "<|im_end|>"

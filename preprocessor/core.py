@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
+from preprocessor import metrics
 from preprocessor.content import Conversation, Image, PromptPart
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
@@ -20,7 +21,6 @@ from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.validate import check_ids
 from splice.errors import InvalidArgument
-from splice.metrics import preprocessor as metrics
 from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 

@@ -1,25 +1,35 @@
-"""`splice` command line: engine, preprocessor, up, chat, demo, build-tiny."""
+"""`splice` command line: engine, preprocessor, up, chat, demo, build-tiny.
+
+The layer above the services: it resolves --model (tiny names, folders, the HF cache) for them, so no
+service imports the tiny-model builder.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
-from splice.tiny import DEFAULT_MODEL, TINY_MODELS
-
-NOISE_NOTE = ("note: {model} is a built-in tiny model with random weights: its answers are noise by "
-              "construction. Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) "
-              "for real weights.")
+from app.tiny import DEFAULT_MODEL, TINY_MODELS
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _service_resolver(service: str) -> Callable[[str], str]:
+    """--model -> folder for a service process; building a tiny model is logged as that service's progress."""
+    from app.models import resolve_model
+
+    log = logging.getLogger(f"splice.{service}")
+    return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m))
+
+
 def _build_tiny(args: argparse.Namespace) -> int:
-    from splice.tiny import ensure
+    from app.tiny import ensure
 
     for name in args.names or sorted(TINY_MODELS):
         print(f"{name}: {ensure(name, progress=_say)}")
@@ -27,12 +37,12 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from splice.launch import start_stack
-    from splice.models import resolve_model
+    from app.launch import start_stack
+    from app.models import noise_note, resolve_model
 
     resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
-    if args.model in TINY_MODELS:
-        _say(NOISE_NOTE.format(model=args.model))
+    if note := noise_note(args.model):
+        _say(note)
     engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
                               preprocessor_port=args.port, echo=None if args.quiet else _say)
     stop = threading.Event()
@@ -87,7 +97,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from splice.demo import run_demo
+    from app.demo import run_demo
 
     return run_demo(args.model, max_tokens=args.max_tokens)
 
@@ -102,11 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("engine", help="serve splice.v1.Engine (model on GPU/CPU)")
     engine_cli.add_arguments(p)
-    p.set_defaults(func=engine_cli.run)
+    p.set_defaults(model=DEFAULT_MODEL, func=lambda a: engine_cli.run(a, _service_resolver("engine")))
 
     p = sub.add_parser("preprocessor", help="serve splice.v1.Preprocessor (public API, CPU)")
     preprocessor_cli.add_arguments(p)
-    p.set_defaults(func=preprocessor_cli.run)
+    p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor")))
 
     p = sub.add_parser("up", help="start engine + preprocessor locally; Ctrl-C stops both")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"tiny model name {sorted(TINY_MODELS)}, HF folder or id")

@@ -1,10 +1,10 @@
-"""python -m splice.tiny [NAME ...]: build (or find) the tiny models and print their folders."""
+"""python -m app.tiny [NAME ...]: build (or find) the tiny models and print their folders."""
 
 from __future__ import annotations
 
 import argparse
 
-from splice.tiny.builder import DEFAULT_SEED, TINY_MODELS, ensure
+from app.tiny.builder import DEFAULT_SEED, TINY_MODELS, ensure
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from splice.tiny import templates
-from splice.tiny.tokenizer import EOS, PAD, build_tokenizer
+from app.tiny import templates
+from app.tiny.tokenizer import EOS, PAD, build_tokenizer
 
 # Bump whenever anything that ends up in a checkpoint changes: the cache folder name carries it, so a
 # new version is built beside the old one instead of reusing stale files.

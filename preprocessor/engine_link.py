@@ -1,0 +1,109 @@
+"""The preprocessor's link to its engine: the current core, and whether it can serve.
+
+A watcher polls the engine's ModelInfo, so the preprocessor waits for an engine that is not up yet,
+stops serving while it is gone, and serves again (reloading the model files if the model changed) once
+it is back. Every front (gRPC today) asks the link for the core of each request; `on_serving` tells the
+server when readiness changes, so it can flip its health status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from preprocessor.core import PreprocessorCore
+from preprocessor.engine_client import EngineClient
+from preprocessor.limits import Limits
+from preprocessor.metrics import ENGINE_CONNECTED
+from preprocessor.model_files import ModelFiles, load_model_files
+from splice.errors import SpliceError, Unavailable
+from splice.model_info import ModelInfo
+from splice.service_main import Resolve
+
+log = logging.getLogger(__name__)
+
+OnServing = Callable[[bool], Awaitable[None]]
+
+
+class EngineLink:
+    """Either watches an engine (`target`), or serves a fixed core (tests: files + ModelInfo supplied)."""
+
+    def __init__(self, *, target: str | None = None, core: PreprocessorCore | None = None, model: str | None = None,
+                 limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None) -> None:
+        if (target is None) == (core is None):
+            raise ValueError("pass exactly one of target= or core=")
+        self._core = core
+        self._client = EngineClient(target) if target else None
+        self._model = model  # where the model files come from; default: the model the engine reports
+        self._limits = limits or Limits()
+        self._poll = poll_interval
+        self._resolve = resolve
+        self._files: dict[str, ModelFiles] = {}  # by source folder: an engine restart reuses them
+        self._watcher: asyncio.Task | None = None
+        self._on_serving: OnServing | None = None
+        self.serving = False
+        self.ready = asyncio.Event()  # set once a core can serve (the first time)
+
+    @property
+    def target(self) -> str:
+        return self._client.target if self._client else "(in-process core)"
+
+    def core(self) -> PreprocessorCore:
+        """The core for the next request; Unavailable before the engine was first reached."""
+        if self._core is None:
+            raise Unavailable(f"the preprocessor has not reached the engine at {self.target} yet")
+        return self._core
+
+    async def start(self, on_serving: OnServing | None = None) -> None:
+        self._on_serving = on_serving
+        await self._set_serving(False)
+        if self._client is None:
+            await self._set_serving(True)
+        else:
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self._client is not None:
+            await self._client.close()
+
+    async def _set_serving(self, serving: bool) -> None:
+        self.serving = serving
+        ENGINE_CONNECTED.set(1 if serving else 0)
+        if self._on_serving is not None:
+            await self._on_serving(serving)
+        if serving:
+            self.ready.set()
+
+    async def _watch(self) -> None:
+        assert self._client is not None
+        while True:
+            try:
+                info = await self._client.get_model_info()
+                if self._core is None or self._core.info != info:
+                    files = await asyncio.to_thread(self._load, info)
+                    self._core = PreprocessorCore(files, info, self._client, self._limits)
+                    log.info("serving %s (engine %s)", info.model, self._client.target)
+                if not self.serving:
+                    await self._set_serving(True)
+            except Exception as exc:  # the watcher must outlive any failure, or the link never recovers
+                message = exc.message if isinstance(exc, SpliceError) else f"{type(exc).__name__}: {exc}"
+                if self.serving:
+                    log.warning("engine lost: %s", message)
+                    await self._set_serving(False)
+                else:
+                    log.info("waiting for the engine: %s", message)
+            await asyncio.sleep(self._poll)
+
+    def _load(self, info: ModelInfo) -> ModelFiles:
+        source = self._model or info.model
+        if self._resolve is not None:
+            source = self._resolve(source)
+        if source not in self._files:
+            self._files[source] = load_model_files(source)
+        return self._files[source]
