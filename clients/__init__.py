@@ -4,11 +4,13 @@ from clients.async_client import AsyncSpliceClient
 from clients.errors import SpliceClientError
 from clients.parts import embeds_part, image_part, message, text_part
 from clients.sync_client import SpliceClient
-from clients.types import Chunk, Usage
+from clients.types import Chunk
+from splice.engine_output import FinishReason, Usage
 
 __all__ = [
     "AsyncSpliceClient",
     "Chunk",
+    "FinishReason",
     "SpliceClient",
     "SpliceClientError",
     "Usage",

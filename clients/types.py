@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splice.v1 import common_pb2, preprocessor_pb2
-
-_FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
+from splice.engine_output import FinishReason, Usage
+from splice.v1 import preprocessor_pb2
 
 
 @dataclass(frozen=True)
@@ -20,19 +13,18 @@ class Chunk:
     text: str  # text since the previous chunk
     token_ids: tuple[int, ...]  # tokens since the previous chunk
     logprobs: tuple[float, ...] = ()
-    finish_reason: str | None = None  # "stop" | "length" on the final chunk
+    finish_reason: FinishReason | None = None  # STOP | LENGTH on the final chunk (== "stop" | "length")
     usage: Usage | None = None  # final chunk only
     stop_reason: str = ""  # the stop string that matched, if any
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
-        finished = pb.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
         return cls(
             text=pb.text,
             token_ids=tuple(pb.token_ids),
             logprobs=tuple(pb.logprobs),
-            finish_reason=_FINISH.get(pb.finish_reason) if finished else None,
-            usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens) if pb.HasField("usage") else None,
+            finish_reason=FinishReason.from_pb(pb.finish_reason),
+            usage=Usage.from_pb(pb.usage) if pb.HasField("usage") else None,
             stop_reason=pb.stop_reason,
         )
 

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -27,8 +27,9 @@ from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, Sequence
+from engine.sequence import Sequence
 from engine.validate import validate_request
+from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
@@ -42,20 +43,6 @@ class Cancelled(SpliceError):
     """The sequence was aborted through `LLMEngine.abort` while its caller still listened."""
 
     code = "CANCELLED"
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    request_id: str
-    token_ids: list[int]  # tokens produced this step (one per step)
-    logprobs: list[float] = field(default_factory=list)  # same length as token_ids when asked, else empty
-    finish_reason: FinishReason | None = None  # set on the last output only
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # generated so far
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass
@@ -275,8 +262,8 @@ class LLMEngine:
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
                     finished.add(seq.seq_id)
-                self._emit(seq, EngineOutput(seq.request_id, [tok], [] if lp is None else [lp], reason,
-                                             seq.prompt_len, seq.num_generated))
+                usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
+                self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage))
                 if reason is not None:
                     self._release(seq)
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token

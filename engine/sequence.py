@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from splice.engine_output import FinishReason
 from splice.sampling import SamplingParams
 
 
@@ -14,13 +15,6 @@ class SeqStatus(enum.Enum):
     WAITING = "waiting"  # queued, not yet prefilled
     RUNNING = "running"  # prefilled; its KV cache is a row of the running batch
     FINISHED = "finished"  # left the batch; `finish_reason` says why
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"  # EOS or a stop token ID
-    LENGTH = "length"  # max_tokens reached or the context is full
-    ABORT = "abort"  # the client cancelled
-    ERROR = "error"  # this request failed inside the engine; `error` holds why
 
 
 _ids = itertools.count()

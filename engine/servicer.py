@@ -11,22 +11,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from engine.byte_budget import ByteBudget
-from engine.llm_engine import EngineOutput, LLMEngine
-from engine.sequence import FinishReason
+from engine.llm_engine import LLMEngine
 from splice.engine_wire import RequestAssembler
 from splice.errors import InvalidArgument, Unavailable
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-
-_FINISH_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
-
-
-def output_to_pb(out: EngineOutput) -> engine_pb2.GenerateResponse:
-    pb = engine_pb2.GenerateResponse(token_ids=out.token_ids, logprobs=out.logprobs)
-    if out.finish_reason is not None:
-        pb.finish_reason = _FINISH_TO_PB[out.finish_reason]
-        pb.usage.prompt_tokens = out.prompt_tokens
-        pb.usage.completion_tokens = out.completion_tokens
-    return pb
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -60,7 +48,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             async for part in parts:
                 assembler.feed(part)
             async for out in engine.generate(assembler.finish()):
-                yield output_to_pb(out)
+                yield out.to_pb()
 
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:

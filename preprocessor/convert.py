@@ -16,12 +16,9 @@ from preprocessor.content import (
     TokenIds,
     Where,
 )
-from preprocessor.outputs import LENGTH, STOP, GenerationChunk, TokenizeResult
+from preprocessor.outputs import TokenizeResult
 from splice.errors import InvalidArgument
 from splice.v1 import common_pb2, preprocessor_pb2
-
-_FINISH_TO_PB = {None: common_pb2.FINISH_REASON_UNSPECIFIED, STOP: common_pb2.FINISH_REASON_STOP,
-                 LENGTH: common_pb2.FINISH_REASON_LENGTH}
 
 
 def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where) -> Embeds:
@@ -85,17 +82,6 @@ def prompt_from_pb(pb: preprocessor_pb2.CompleteRequest) -> list[PromptPart]:
         else:
             raise InvalidArgument(f"{where}: prompt part has no kind; set token_ids, text or prompt_embeds")
     return out
-
-
-def chunk_to_pb(chunk: GenerationChunk) -> preprocessor_pb2.GenerationChunk:
-    pb = preprocessor_pb2.GenerationChunk(text=chunk.text, token_ids=list(chunk.token_ids),
-                                          logprobs=list(chunk.logprobs),
-                                          finish_reason=_FINISH_TO_PB[chunk.finish_reason],
-                                          stop_reason=chunk.stop_reason)
-    if chunk.usage is not None:
-        pb.usage.CopyFrom(common_pb2.Usage(prompt_tokens=chunk.usage.prompt_tokens,
-                                           completion_tokens=chunk.usage.completion_tokens))
-    return pb
 
 
 def tokenize_to_pb(result: TokenizeResult) -> preprocessor_pb2.TokenizeResponse:

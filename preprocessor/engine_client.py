@@ -11,15 +11,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from preprocessor.outputs import LENGTH, STOP, EngineOutput, Usage
+from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
 from splice.engine_wire import encode_request
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
-from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-
-_FINISH = {common_pb2.FINISH_REASON_STOP: STOP, common_pb2.FINISH_REASON_LENGTH: LENGTH}
+from splice.v1 import common_pb2, engine_pb2_grpc
 
 
 class EngineError(SpliceError):
@@ -35,12 +33,6 @@ def map_rpc_error(exc: grpc.aio.AioRpcError, target: str) -> SpliceError:
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"engine at {target} is unavailable: {exc.details()}")
     return EngineError(code.name, f"engine: {exc.details()}")
-
-
-def output_from_pb(pb: engine_pb2.GenerateResponse) -> EngineOutput:
-    finish = _FINISH.get(pb.finish_reason)
-    usage = Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens) if finish is not None else None
-    return EngineOutput(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage)
 
 
 class EngineClient:
@@ -63,7 +55,7 @@ class EngineClient:
         call = self._stub.Generate(iter(parts))
         try:
             async for pb in call:
-                yield output_from_pb(pb)
+                yield EngineOutput.from_pb(pb)
         except grpc.aio.AioRpcError as exc:
             raise map_rpc_error(exc, self.target) from None
         finally:

@@ -1,32 +1,11 @@
-"""What the core streams back: plain dataclasses, converted to protobuf only in the servicer."""
+"""What the core streams back: plain dataclasses; protobuf only in their to_pb."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-STOP = "stop"  # EOS, a stop token ID or a stop string
-LENGTH = "length"  # max_tokens or max_model_len
-FINISH_REASONS = (STOP, LENGTH)
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int  # positions in the prompt: text, image and prompt-embedding positions alike
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    """One GenerateResponse from the engine."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...] = ()
-    finish_reason: str | None = None  # set on the last output only
-    usage: Usage | None = None  # set on the last output only
-
-    def __post_init__(self) -> None:
-        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"unknown finish reason {self.finish_reason!r}")
+from splice.engine_output import FinishReason, Usage, finish_reason_to_pb
+from splice.v1 import preprocessor_pb2
 
 
 @dataclass(frozen=True)
@@ -36,13 +15,22 @@ class GenerationChunk:
     text: str  # never ends inside a multi-byte character
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
-    finish_reason: str | None = None  # final chunk only
+    finish_reason: FinishReason | None = None  # final chunk only; STOP or LENGTH
     usage: Usage | None = None  # final chunk only
     stop_reason: str = ""  # the stop string that ended the output, final chunk only
 
     @property
     def final(self) -> bool:
         return self.finish_reason is not None
+
+    def to_pb(self) -> preprocessor_pb2.GenerationChunk:
+        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=list(self.token_ids),
+                                              logprobs=list(self.logprobs),
+                                              finish_reason=finish_reason_to_pb(self.finish_reason),
+                                              stop_reason=self.stop_reason)
+        if self.usage is not None:
+            pb.usage.CopyFrom(self.usage.to_pb())
+        return pb
 
 
 @dataclass(frozen=True)

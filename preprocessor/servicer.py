@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 import grpc
 
-from preprocessor.convert import chunk_to_pb, conversation_from_pb, prompt_from_pb, tokenize_to_pb
+from preprocessor.convert import conversation_from_pb, prompt_from_pb, tokenize_to_pb
 from preprocessor.core import PreprocessorCore
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
@@ -29,7 +29,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
         async with aclosing(core.chat(conv, sampling, request.request_id)) as chunks:
             async for chunk in chunks:
-                yield chunk_to_pb(chunk)
+                yield chunk.to_pb()
 
     async def Complete(self, request: preprocessor_pb2.CompleteRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
@@ -38,7 +38,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         sampling = SamplingParams.from_pb(request.sampling)
         async with aclosing(core.complete(parts, sampling, request.request_id)) as chunks:
             async for chunk in chunks:
-                yield chunk_to_pb(chunk)
+                yield chunk.to_pb()
 
     async def Tokenize(self, request: preprocessor_pb2.TokenizeRequest,
                        context: grpc.aio.ServicerContext) -> preprocessor_pb2.TokenizeResponse:

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator, Collection
 from typing import Protocol
 
 from preprocessor.detokenizer import IncrementalDetokenizer
-from preprocessor.outputs import STOP, EngineOutput, GenerationChunk, Usage
+from preprocessor.outputs import GenerationChunk
 from preprocessor.stop import StopMatcher
+from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import Unavailable
 
@@ -39,7 +40,7 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                 texts.append(stops.push(detok.push(token)))
                 if stops.matched is not None:
                     # Returning closes `outputs`, which cancels the engine call: nothing more is needed.
-                    yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs), STOP,
+                    yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs), FinishReason.STOP,
                                           Usage(request.prompt_len, produced), stops.matched)
                     return
             if out.finish_reason is not None:
@@ -47,7 +48,7 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                 if stops.matched is None:
                     texts.append(stops.flush())
                 usage = out.usage or Usage(request.prompt_len, produced)
-                reason = STOP if stops.matched is not None else out.finish_reason
+                reason = FinishReason.STOP if stops.matched is not None else out.finish_reason
                 yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs), reason, usage,
                                       stops.matched or "")
                 return

@@ -1,10 +1,11 @@
-"""Unit tests of the shared wire pieces: sampling defaults, tensor codec, request chunking."""
+"""Unit tests of the shared wire pieces: sampling defaults, tensor codec, request chunking, engine outputs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.engine_wire import RequestAssembler, encode_request
 from splice.errors import InvalidArgument
@@ -87,3 +88,21 @@ def test_assembler_caps_declared_size_before_allocating():
                                                                       shape=[1 << 20, 1 << 12])])
     with pytest.raises(InvalidArgument, match="at most"):
         RequestAssembler(max_request_bytes=1 << 30).feed(engine_pb2.GenerateRequestPart(header=header))
+
+
+def test_engine_output_roundtrip_and_only_stop_or_length_on_the_wire():
+    step = EngineOutput((5,), (-0.25,))
+    assert EngineOutput.from_pb(step.to_pb()) == step and not step.to_pb().HasField("usage")
+    last = EngineOutput((7, 8), finish_reason=FinishReason.LENGTH, usage=Usage(3, 9))
+    pb = last.to_pb()
+    assert pb.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert (pb.usage.prompt_tokens, pb.usage.completion_tokens) == (3, 9)
+    assert EngineOutput.from_pb(pb) == last and last.finish_reason == "length"
+    assert EngineOutput((1,), finish_reason="stop").finish_reason is FinishReason.STOP  # a plain string is taken
+    for internal in (FinishReason.ABORT, FinishReason.ERROR):
+        with pytest.raises(ValueError, match="status"):
+            internal.to_pb()
+        with pytest.raises(ValueError, match="status"):
+            EngineOutput((), finish_reason=internal)
+    assert FinishReason.from_pb(common_pb2.FINISH_REASON_UNSPECIFIED) is None
+    assert f"{FinishReason.STOP}" == "stop"  # CLI output and metrics labels print the value

@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 
 from engine.config import EngineConfig
-from engine.llm_engine import EngineOutput, LLMEngine
+from engine.llm_engine import LLMEngine
+from splice.engine_output import EngineOutput
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.sampling import SamplingParams
 

@@ -11,7 +11,7 @@ import torch
 from engine.embedder import prompt_embeddings
 from engine.llm_engine import Cancelled
 from engine.model_runner import ModelRunner
-from engine.sequence import FinishReason
+from splice.engine_output import FinishReason, Usage
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import InvalidArgument, ResourceExhausted
 from splice.sampling import SamplingParams
@@ -91,7 +91,7 @@ async def test_first_step_logits_match_hf_forward_on_the_same_inputs_embeds(requ
     tokens, outs = await collect(engine, req)
     assert tokens == [int(hf_logits.argmax())]
     assert outs[-1].logprobs[0] == pytest.approx(float(hf_logits.log_softmax(-1).max()), abs=1e-4)
-    assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].prompt_tokens == len(req.token_ids)
+    assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].usage.prompt_tokens == len(req.token_ids)
 
 
 # --- batching -------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ async def test_stop_token_ids_and_max_tokens(text_engine):
     first = free.index(stop_at)
     toks, outs = await collect(text_engine, text_request(ids, max_tokens=10, stop_token_ids=[stop_at]))
     assert toks == free[:first + 1] and outs[-1].finish_reason is FinishReason.STOP
-    assert outs[-1].completion_tokens == first + 1 and outs[-1].prompt_tokens == 6
+    assert outs[-1].usage == Usage(6, first + 1)
     toks, outs = await collect(text_engine, text_request(ids, max_tokens=4))
     assert toks == free[:4] and outs[-1].finish_reason is FinishReason.LENGTH
     assert all(len(o.token_ids) == 1 for o in outs) and all(o.finish_reason is None for o in outs[:-1])

@@ -78,7 +78,7 @@ async def test_generate_streams_tokens_then_finish_and_usage_like_the_async_api(
     req = with_embed_span(ids, tensors, 3, torch.randn(2, 64), max_tokens=5, logprobs=True)
     resp = await _generate(stub[0], req)
     direct = [o async for o in server.engine.generate(req)]
-    assert [list(r.token_ids) for r in resp] == [o.token_ids for o in direct]
+    assert [tuple(r.token_ids) for r in resp] == [o.token_ids for o in direct]
     assert all(len(r.logprobs) == 1 for r in resp)
     assert [r.finish_reason for r in resp[:-1]] == [common_pb2.FINISH_REASON_UNSPECIFIED] * 4
     assert resp[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, SeqStatus, Sequence
+from engine.sequence import SeqStatus, Sequence
+from splice.engine_output import FinishReason
 from splice.errors import InvalidArgument, ResourceExhausted
 from splice.sampling import SamplingParams
 

@@ -12,7 +12,7 @@ import pytest
 
 from preprocessor.content import Text, Where
 from preprocessor.core import PreprocessorCore
-from preprocessor.outputs import LENGTH, STOP, EngineOutput, Usage
+from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from tests.preprocessor.pp_factories import conversation
@@ -34,7 +34,7 @@ class ScriptedEngine:
                 batch = tuple(ids[start:start + self.per_output])
                 self.sent += len(batch)
                 last = self.final and start + self.per_output >= len(ids)
-                yield EngineOutput(batch, finish_reason=LENGTH if last else None,
+                yield EngineOutput(batch, finish_reason=FinishReason.LENGTH if last else None,
                                    usage=Usage(request.prompt_len, len(ids)) if last else None)
         finally:
             self.closed.set()
@@ -59,7 +59,7 @@ async def test_deltas_ids_and_usage(tiny, per_output):
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     final = chunks[-1]
     prompt_len = engine.requests[0].prompt_len
-    assert final.finish_reason == LENGTH and final.usage == Usage(prompt_len, len(ids))
+    assert final.finish_reason is FinishReason.LENGTH and final.usage == Usage(prompt_len, len(ids))
 
 
 async def test_stop_string_ends_output_and_cancels_engine(tiny):
@@ -71,7 +71,7 @@ async def test_stop_string_ends_output_and_cancels_engine(tiny):
     text = "".join(c.text for c in chunks)
     assert text == ANSWER[:ANSWER.index("stops")]
     final = chunks[-1]
-    assert final.finish_reason == STOP and final.stop_reason == "stops"
+    assert final.finish_reason is FinishReason.STOP and final.stop_reason == "stops"
     assert engine.closed.is_set() and engine.sent < len(ids)
     assert final.usage.completion_tokens == sum(len(c.token_ids) for c in chunks) == engine.sent
 

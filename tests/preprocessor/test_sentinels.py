@@ -16,8 +16,8 @@ from preprocessor.content import Conversation, Embeds, Message, Text, TokenIds, 
 from preprocessor.core import PreprocessorCore
 from preprocessor.detokenizer import IncrementalDetokenizer
 from preprocessor.limits import MAX_EMBEDS_PARTS, Limits
-from preprocessor.outputs import LENGTH, EngineOutput, Usage
 from preprocessor.sentinel import FILLER_ID, SENTINEL_PREFIX, sentinel_text
+from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from tests.preprocessor.pp_factories import conversation, files_for, model_info_from_config, png_bytes, raw, rows
@@ -191,7 +191,8 @@ class _Replay:
         self.ids = ids
 
     async def generate(self, request):
-        yield EngineOutput(tuple(self.ids), finish_reason=LENGTH, usage=Usage(request.prompt_len, len(self.ids)))
+        yield EngineOutput(tuple(self.ids), finish_reason=FinishReason.LENGTH,
+                           usage=Usage(request.prompt_len, len(self.ids)))
 
 
 async def test_stream_never_emits_sentinel_text(tiny):

@@ -1,0 +1,89 @@
+"""What the engine streams back for an EngineRequest: plain data, converted to protobuf only here."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from splice.v1 import common_pb2, engine_pb2
+
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence ended. A str, so `reason == "stop"` holds and metrics labels are its value."""
+
+    STOP = "stop"  # EOS, a stop token ID or a stop string
+    LENGTH = "length"  # max_tokens reached or the context (max_model_len) is full
+    ABORT = "abort"  # the client cancelled; engine-internal, the stream ends with CANCELLED
+    ERROR = "error"  # the request failed inside the engine; engine-internal, the stream ends with an error status
+
+    @property
+    def on_wire(self) -> bool:
+        """Only STOP and LENGTH travel in messages; ABORT and ERROR end a stream with a status instead."""
+        return self in _TO_PB
+
+    def to_pb(self) -> common_pb2.FinishReason:
+        if not self.on_wire:
+            raise ValueError(f"finish reason {self.value!r} is not sent on the wire; it ends the call with a status")
+        return _TO_PB[self]
+
+    @classmethod
+    def from_pb(cls, pb: common_pb2.FinishReason) -> FinishReason | None:
+        """None for FINISH_REASON_UNSPECIFIED (not finished) and for values this build does not know."""
+        return _FROM_PB.get(pb)
+
+
+_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
+_FROM_PB = {v: k for k, v in _TO_PB.items()}
+
+
+def finish_reason_to_pb(reason: FinishReason | None) -> common_pb2.FinishReason:
+    """FINISH_REASON_UNSPECIFIED for None: every chunk but the last."""
+    return common_pb2.FINISH_REASON_UNSPECIFIED if reason is None else reason.to_pb()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int  # positions in the prompt: text, image and prompt-embedding positions alike
+    completion_tokens: int  # tokens generated
+
+    def to_pb(self) -> common_pb2.Usage:
+        return common_pb2.Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+
+    @classmethod
+    def from_pb(cls, pb: common_pb2.Usage) -> Usage:
+        return cls(pb.prompt_tokens, pb.completion_tokens)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """One GenerateResponse: the tokens of one step; the last output carries the finish reason and usage."""
+
+    token_ids: tuple[int, ...]  # tokens produced since the previous output (one per decode step)
+    logprobs: tuple[float, ...] = ()  # same length as token_ids when asked, else empty
+    finish_reason: FinishReason | None = None  # set on the last output only; STOP or LENGTH
+    usage: Usage | None = None  # set on the last output only
+
+    def __post_init__(self) -> None:
+        if self.finish_reason is not None:
+            reason = FinishReason(self.finish_reason)  # ValueError for an unknown string
+            if not reason.on_wire:
+                raise ValueError(f"finish reason {reason.value!r} ends a stream with a status, not an output")
+            object.__setattr__(self, "finish_reason", reason)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_pb(self) -> engine_pb2.GenerateResponse:
+        pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs)
+        if self.finish_reason is not None:
+            pb.finish_reason = self.finish_reason.to_pb()
+            if self.usage is not None:
+                pb.usage.CopyFrom(self.usage.to_pb())
+        return pb
+
+    @classmethod
+    def from_pb(cls, pb: engine_pb2.GenerateResponse) -> EngineOutput:
+        finish = FinishReason.from_pb(pb.finish_reason)
+        usage = Usage.from_pb(pb.usage) if finish is not None else None
+        return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage)
