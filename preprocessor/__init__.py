@@ -8,8 +8,8 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
                  parts as the processor's placeholder
   normalize.py   tokenize through the processor (image expansion, pixel tensors), then the model files'
                  Sentinels (sentinel.py) splice: expand, locate all spans (by sentinel identity), consume;
-                 then validate.py against the
-                 engine's ModelInfo. Complete builds its spans from part boundaries, without sentinels
+                 then the rules shared with the engine (splice/request_rules.py) against its ModelInfo.
+                 Complete builds its spans from part boundaries, without sentinels
   stream.py      engine tokens -> detokenizer.py (whole characters only) -> stop.py -> GenerationChunks
   service.py     PreprocessorCore: the RPCs on dataclasses, no grpc
   servicer.py / server.py / cli.py   the grpc.aio shell; engine_client.py the link to the engine

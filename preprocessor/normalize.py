@@ -20,10 +20,11 @@ from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
 from preprocessor.template import render
-from preprocessor.validate import check_embeds_supported, check_ids, check_images_supported, check_length
+from preprocessor.validate import check_embeds_supported, check_images_supported
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.model_info import ModelInfo
+from splice.request_rules import check_ids, check_length, check_request, check_rows
 from splice.sampling import SamplingParams
 
 # Processor outputs that describe the text, not model inputs the engine needs as tensors.
@@ -116,11 +117,7 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     spans: list[Span] = []
     for p in parts:
         if isinstance(p, TokenIds):
-            for i, t in enumerate(p.ids):
-                if not (0 <= t < info.vocab_rows):
-                    raise InvalidArgument(f"{p.where}: token ID {t} (index {i}) is out of range: the engine's "
-                                          f"embedding table has {info.vocab_rows} rows (IDs must be in "
-                                          f"[0, {info.vocab_rows}))")
+            check_ids(p.ids, info, p.where)
             ids.extend(p.ids)
         elif isinstance(p, Text):
             files.check_text(p.text, p.where)
@@ -130,9 +127,7 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
             spans.append(Span(len(ids), r.shape[0], len(rows)))
             rows.append(r)
             ids.extend([FILLER_ID] * r.shape[0])
-            if len(ids) >= info.max_model_len:  # stop decoding further parts: the prompt cannot fit already
-                raise InvalidArgument(f"{p.where}: the prompt is {len(ids)} positions long by this part; the "
-                                      f"engine's max_model_len is {info.max_model_len}")
+            check_length(len(ids), info, p.where)  # stop decoding further parts: the prompt cannot fit already
     return _finish(ids, spans, rows, {}, "", (), tuple(ids), sampling, request_id, info)
 
 
@@ -144,16 +139,14 @@ def _decode_all(parts: Sequence[Embeds], info: ModelInfo, limits: Limits) -> lis
     for p in parts:
         rows.append(decode_embeds(p, info, limits))  # [n, hidden]
         total += rows[-1].shape[0]
-        if total >= info.max_model_len:
-            raise InvalidArgument(f"{p.where}: the prompt_embeds parts so far hold {total} rows; the engine's "
-                                  f"max_model_len is {info.max_model_len}")
+        check_rows(total, info, f"{p.where}: the prompt_embeds up to this part")
     return rows
 
 
 def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: ModelInfo) -> list[int]:
     files.check_text(text, "text")
     ids = files.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    check_ids(ids, info)
+    check_ids(ids, info, "text")
     return ids
 
 
@@ -204,8 +197,6 @@ def _finish(ids: list[int], spans: list[Span], rows: list[torch.Tensor],
             model_inputs: dict[str, torch.Tensor], prompt: str, image_counts: tuple[int, ...],
             raw_ids: tuple[int, ...], sampling: SamplingParams, request_id: str, info: ModelInfo) -> Normalized:
     """`ids` hold the filler at span positions; `spans` are in prompt order, span.part indexing `rows`."""
-    check_length(len(ids), info)
-    check_ids(ids, info)
     tensors = [NamedTensor(PROMPT_EMBEDS, r) for r in rows]  # tensor k is part k's rows
     tensors += [NamedTensor(name, t) for name, t in model_inputs.items()]
     request = EngineRequest(
@@ -215,4 +206,6 @@ def _finish(ids: list[int], spans: list[Span], rows: list[torch.Tensor],
         tensors=tensors,
         sampling=sampling,
     )
+    # The engine's own rules, so that what passes here passes there; the rows' values were checked per part.
+    check_request(request, info, "prompt")
     return Normalized(request, prompt, image_counts, raw_ids)

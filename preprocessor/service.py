@@ -18,10 +18,10 @@ from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
-from preprocessor.validate import check_ids
 from splice.errors import InvalidArgument
 from splice.metrics import preprocessor as metrics
 from splice.model_info import ModelInfo
+from splice.request_rules import check_ids
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20

@@ -51,7 +51,7 @@ def test_ids_validated_against_engine_rows_not_tokenizer(tiny):
     bound = max(ids)
     core = PreprocessorCore(files, replace(info, vocab_rows=bound))
     msg = _reject(lambda: core.normalize_chat(conv))
-    assert f"token ID {bound} at position {ids.index(bound)}" in msg and f"{bound} rows" in msg
+    assert f"prompt: token ID {bound} (index {ids.index(bound)})" in msg and f"{bound} rows" in msg
 
 
 def test_prompt_longer_than_max_model_len(tiny):
