@@ -11,14 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from splice.errors import FailedPrecondition, InvalidArgument
-from splice.tensors import FLOAT_DTYPES
+from splice.request_rules import check_finite, check_float_dtype
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise InvalidArgument(f"{name}: dtype {t.dtype} is not a float dtype")
-    if not bool(torch.isfinite(t).all()):
-        raise InvalidArgument(f"{name}: holds non-finite values (NaN or Inf)")
+    check_float_dtype(t.dtype, name)
+    check_finite(t, name)
 
 
 def _check_names(inputs: dict[str, torch.Tensor], accepted: tuple[str, ...], required: str) -> None:

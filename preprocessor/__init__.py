@@ -6,9 +6,10 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
   images.py      bytes / data: URL / allowed path -> RGB PIL image, capped
   template.py    chat template -> prompt text; part k of the prompt_embeds parts as sentinel k, image
                  parts as the processor's placeholder
-  normalize.py   tokenize through the processor (image expansion, pixel tensors), then sentinel.py:
-                 expand, locate all spans (by sentinel identity), consume; then validate.py against the
-                 engine's ModelInfo. Complete builds its spans from part boundaries, without sentinels
+  normalize.py   tokenize through the processor (image expansion, pixel tensors), then the model files'
+                 Sentinels (sentinel.py) splice: expand, locate all spans (by sentinel identity), consume;
+                 then the rules shared with the engine (splice/request_rules.py) against its ModelInfo.
+                 Complete builds its spans from part boundaries, without sentinels
   stream.py      engine tokens -> detokenizer.py (whole characters only) -> stop.py -> GenerationChunks
   core.py        PreprocessorCore: the RPCs on dataclasses, no grpc
   engine_link.py the engine connection: watches the engine, holds the current core, readiness;

@@ -19,9 +19,9 @@ from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
-from preprocessor.validate import check_ids
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
+from splice.request_rules import check_ids
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20
@@ -74,7 +74,7 @@ class PreprocessorCore:
         if self._engine is None:
             raise RuntimeError("this PreprocessorCore has no engine")
         first = True
-        stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinel_id_set)
+        stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinels.id_set)
         async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 if first:
@@ -99,8 +99,7 @@ class PreprocessorCore:
             raise InvalidArgument(f"{len(ids)} token IDs; at most {MAX_DETOKENIZE_IDS}")
         check_ids(ids, self.info)
         # Sentinel IDs can be valid engine IDs (padded tables) but never decode to the internal sentinel text.
-        drop = self.files.sentinel_id_set
-        return self.files.tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=skip_special_tokens,
+        return self.files.tokenizer.decode(self.files.sentinels.drop(ids), skip_special_tokens=skip_special_tokens,
                                            clean_up_tokenization_spaces=False)
 
     def model_info(self) -> ModelInfo:

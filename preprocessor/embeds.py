@@ -19,7 +19,8 @@ from preprocessor.content import Embeds, RawTensor
 from preprocessor.limits import Limits
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
-from splice.tensors import DTYPES, FLOAT_DTYPES, dtype_from_name, from_bytes
+from splice.request_rules import check_finite, check_float_dtype, check_hidden, check_rows
+from splice.tensors import DTYPES, dtype_from_name, from_bytes
 
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
@@ -41,10 +42,10 @@ def decode_embeds(part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor
 
 def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, info: ModelInfo, limits: Limits) -> None:
     """dtype and shape checks that need no allocation: a few bytes of header must not make us allocate
-    more than the engine could ever take."""
-    if dtype not in FLOAT_DTYPES:
-        raise InvalidArgument(f"{part.where}: prompt_embeds must be a float tensor, got dtype "
-                              f"{str(dtype).removeprefix('torch.')}")
+    more than the engine could ever take. Every encoding passes here, so the rows and hidden size of what
+    it decodes are settled."""
+    what = f"{part.where}: prompt_embeds"
+    check_float_dtype(dtype, what)
     if len(shape) == 3 and shape[0] != 1:
         raise InvalidArgument(f"{part.where}: prompt_embeds of shape {list(shape)}: a 3-D tensor must be "
                               f"[1, n, hidden]")
@@ -53,13 +54,8 @@ def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, info: 
                               f"{list(shape)}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"{part.where}: prompt_embeds has a negative dimension in {list(shape)}")
-    rows, hidden = shape[-2], shape[-1]
-    if hidden != info.hidden_size:
-        raise InvalidArgument(f"{part.where}: prompt_embeds hidden size {hidden} does not match the model's "
-                              f"{info.hidden_size}")
-    if rows >= info.max_model_len:
-        raise InvalidArgument(f"{part.where}: prompt_embeds has {rows} rows; the engine's max_model_len is "
-                              f"{info.max_model_len}")
+    check_hidden(shape[-1], info, what)
+    check_rows(shape[-2], info, what)
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if size > limits.max_embeds_bytes:
         raise InvalidArgument(f"{part.where}: prompt_embeds of shape {list(shape)} is {size} bytes; at most "
@@ -133,18 +129,11 @@ def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits
 
 
 def _normalize(tensor: torch.Tensor, part: Embeds, info: ModelInfo) -> torch.Tensor:
+    """Shape already checked by _check_meta; values checked before and after the cast to the engine's dtype."""
     if tensor.dim() == 3:
         tensor = tensor[0]  # [1, n, hidden] -> [n, hidden]
-    rows, hidden = tensor.shape
-    if rows == 0:
-        raise InvalidArgument(f"{part.where}: prompt_embeds has 0 rows; at least 1 expected")
-    if hidden != info.hidden_size:
-        raise InvalidArgument(f"{part.where}: prompt_embeds hidden size {hidden} does not match the model's "
-                              f"{info.hidden_size}")
-    if not torch.isfinite(tensor).all():
-        raise InvalidArgument(f"{part.where}: prompt_embeds contains NaN or Inf values")
-    target = dtype_from_name(info.dtype, "engine dtype")
-    out = tensor.to(target).contiguous()  # [n, hidden]
-    if not torch.isfinite(out).all():
-        raise InvalidArgument(f"{part.where}: prompt_embeds values overflow the engine's dtype {info.dtype}")
+    what = f"{part.where}: prompt_embeds"
+    check_finite(tensor, what)
+    out = tensor.to(dtype_from_name(info.dtype, "engine dtype")).contiguous()  # [n, hidden]
+    check_finite(out, what, f"they overflow the engine's dtype {info.dtype}")
     return out

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from preprocessor.sentinel import MAX_EMBEDS_PARTS
+
 MiB = 1 << 20
-# Each prompt_embeds part of a request renders as its own sentinel token, and the model files register
-# this many of them: the ceiling of Limits.max_embeds_parts.
-MAX_EMBEDS_PARTS = 256
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Conversation / Complete prompt -> EngineRequest (DESIGN.md steps 1-6).
 
 Chat: render (part k as sentinel k) -> tokenize through the processor (image expansion, pixel
-tensors) -> expand each part's sentinel -> locate all spans -> consume -> validate against the engine's
-ModelInfo. Complete uses no sentinels: its IDs and spans are built from the part boundaries directly.
+tensors) -> splice the sentinels (expand each part's, locate all spans, consume) -> validate against the
+engine's ModelInfo. Complete uses no sentinels: its IDs and spans are built from the part boundaries directly.
 """
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ from typing import Any
 
 import torch
 
-from preprocessor import sentinel
 from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.embeds import decode_embeds
 from preprocessor.images import load_image
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
+from preprocessor.sentinel import FILLER_ID, Span
 from preprocessor.template import render
-from preprocessor.validate import check_embeds_supported, check_ids, check_images_supported, check_length
+from preprocessor.validate import check_embeds_supported, check_images_supported
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.model_info import ModelInfo
+from splice.request_rules import check_ids, check_length, check_request, check_rows
 from splice.sampling import SamplingParams
 
 # Processor outputs that describe the text, not model inputs the engine needs as tensors.
@@ -36,14 +37,6 @@ class Normalized:
     prompt: str  # rendered template text with sentinels ("" for Complete)
     image_token_counts: tuple[int, ...]  # image-token positions per image (when asked for)
     raw_ids: tuple[int, ...]  # chat: expanded IDs before consumption (sentinels in place); Complete: the IDs
-
-
-def check_text(text: str, files: ModelFiles, where: object, what: str = "text") -> None:
-    for bad in files.forbidden_texts:
-        if bad in text:
-            kind = "prefix of the prompt_embeds sentinels" if bad == sentinel.SENTINEL_PREFIX else "image placeholder"
-            raise InvalidArgument(f"{where}: {what} contains the reserved string {bad!r} (the {kind}); send images "
-                                  f"and embeddings as their own content parts")
 
 
 # Template kwargs are caller data the template may print anywhere; nested values are walked this deep.
@@ -67,24 +60,23 @@ def _kwarg_strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str
 def _check_reserved(conv: Conversation, files: ModelFiles) -> None:
     """Caller strings that reach the rendered prompt may not contain a sentinel or image placeholder."""
     for msg in conv.messages:
-        check_text(msg.role, files, f"messages[{msg.index}].role", "role")
+        files.check_text(msg.role, f"messages[{msg.index}].role", "role")
         for part in msg.parts:
             if isinstance(part, Text):
-                check_text(part.text, files, part.where)
+                files.check_text(part.text, part.where)
     for key, value in conv.template_kwargs.items():
         for where, text in _kwarg_strings(value, f"chat_template_kwargs[{key!r}]"):
-            check_text(text, files, where)
+            files.check_text(text, where)
     # An override may print image placeholders itself (llava's does), but no sentinel.
-    if conv.chat_template and sentinel.SENTINEL_PREFIX in conv.chat_template:
-        raise InvalidArgument(f"chat_template contains the reserved string {sentinel.SENTINEL_PREFIX!r} (the prefix "
-                              f"of the prompt_embeds sentinels)")
+    if conv.chat_template:
+        files.sentinels.check_text(conv.chat_template, "", "chat_template")
 
 
 def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits,
                   first_image: object = "") -> None:
     if n_images > limits.max_images:
         raise InvalidArgument(f"the request has {n_images} images; at most {limits.max_images}")
-    cap = min(limits.max_embeds_parts, len(files.sentinel_ids))  # one sentinel per part
+    cap = min(limits.max_embeds_parts, files.sentinels.count)  # one sentinel per part
     if n_embeds > cap:
         raise InvalidArgument(f"the request has {n_embeds} prompt_embeds parts; at most {cap}")
     check_images_supported(n_images, info, files.accepts_images, first_image)
@@ -100,17 +92,16 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     _check_reserved(conv, files)
     rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
     pictures = [load_image(p, limits) for p in images]
-    prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder)
+    prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder, files.sentinels)
     ids, model_inputs = _tokenize(prompt, pictures, files)
     if pictures and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
                                  f"{info.image_token_id}: the preprocessor's --model does not match the engine")
     counts = _image_token_counts(ids, pictures, info, files) if count_images else ()
-    # Part k's span is where sentinel k expands, wherever the template put it; ALL spans are located before
-    # any sentinel is consumed.
-    expanded, spans = sentinel.expand(ids, files.sentinel_ids, [r.shape[0] for r in rows], [p.where for p in embeds])
-    consumed = sentinel.consume(expanded, spans, files.sentinel_ids)
-    return _finish(consumed, spans, rows, model_inputs, prompt, counts, tuple(expanded), sampling, request_id, info)
+    # Part k's span is where sentinel k expands, wherever the template put it.
+    spliced = files.sentinels.splice(ids, [r.shape[0] for r in rows], [p.where for p in embeds])
+    return _finish(spliced.ids, spliced.spans, rows, model_inputs, prompt, counts, tuple(spliced.expanded), sampling,
+                   request_id, info)
 
 
 def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str, files: ModelFiles,
@@ -123,26 +114,20 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     # part boundaries and each embeds part holds filler positions.
     ids: list[int] = []
     rows: list[torch.Tensor] = []
-    spans: list[sentinel.Span] = []
+    spans: list[Span] = []
     for p in parts:
         if isinstance(p, TokenIds):
-            for i, t in enumerate(p.ids):
-                if not (0 <= t < info.vocab_rows):
-                    raise InvalidArgument(f"{p.where}: token ID {t} (index {i}) is out of range: the engine's "
-                                          f"embedding table has {info.vocab_rows} rows (IDs must be in "
-                                          f"[0, {info.vocab_rows}))")
+            check_ids(p.ids, info, p.where)
             ids.extend(p.ids)
         elif isinstance(p, Text):
-            check_text(p.text, files, p.where)
+            files.check_text(p.text, p.where)
             ids.extend(files.tokenizer(p.text, add_special_tokens=False)["input_ids"])
         else:
             r = decode_embeds(p, info, limits)  # [n, hidden]
-            spans.append(sentinel.Span(len(ids), r.shape[0], len(rows)))
+            spans.append(Span(len(ids), r.shape[0], len(rows)))
             rows.append(r)
-            ids.extend([sentinel.FILLER_ID] * r.shape[0])
-            if len(ids) >= info.max_model_len:  # stop decoding further parts: the prompt cannot fit already
-                raise InvalidArgument(f"{p.where}: the prompt is {len(ids)} positions long by this part; the "
-                                      f"engine's max_model_len is {info.max_model_len}")
+            ids.extend([FILLER_ID] * r.shape[0])
+            check_length(len(ids), info, p.where)  # stop decoding further parts: the prompt cannot fit already
     return _finish(ids, spans, rows, {}, "", (), tuple(ids), sampling, request_id, info)
 
 
@@ -154,16 +139,14 @@ def _decode_all(parts: Sequence[Embeds], info: ModelInfo, limits: Limits) -> lis
     for p in parts:
         rows.append(decode_embeds(p, info, limits))  # [n, hidden]
         total += rows[-1].shape[0]
-        if total >= info.max_model_len:
-            raise InvalidArgument(f"{p.where}: the prompt_embeds parts so far hold {total} rows; the engine's "
-                                  f"max_model_len is {info.max_model_len}")
+        check_rows(total, info, f"{p.where}: the prompt_embeds up to this part")
     return rows
 
 
 def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: ModelInfo) -> list[int]:
-    check_text(text, files, "text")
+    files.check_text(text, "text")
     ids = files.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    check_ids(ids, info)
+    check_ids(ids, info, "text")
     return ids
 
 
@@ -210,12 +193,10 @@ def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: 
     return tuple(counts)
 
 
-def _finish(ids: list[int], spans: list[sentinel.Span], rows: list[torch.Tensor],
+def _finish(ids: list[int], spans: list[Span], rows: list[torch.Tensor],
             model_inputs: dict[str, torch.Tensor], prompt: str, image_counts: tuple[int, ...],
             raw_ids: tuple[int, ...], sampling: SamplingParams, request_id: str, info: ModelInfo) -> Normalized:
     """`ids` hold the filler at span positions; `spans` are in prompt order, span.part indexing `rows`."""
-    check_length(len(ids), info)
-    check_ids(ids, info)
     tensors = [NamedTensor(PROMPT_EMBEDS, r) for r in rows]  # tensor k is part k's rows
     tensors += [NamedTensor(name, t) for name, t in model_inputs.items()]
     request = EngineRequest(
@@ -225,4 +206,6 @@ def _finish(ids: list[int], spans: list[sentinel.Span], rows: list[torch.Tensor]
         tensors=tensors,
         sampling=sampling,
     )
+    # The engine's own rules, so that what passes here passes there; the rows' values were checked per part.
+    check_request(request, info, "prompt")
     return Normalized(request, prompt, image_counts, raw_ids)

@@ -2,7 +2,7 @@
 
 Content format follows vLLM's auto-detection: a template that loops over `message['content']` gets
 OpenAI-style part lists, any other gets strings. The k-th prompt_embeds part (conversation order)
-becomes ONE sentinel string, sentinel_text(k), so that it is recognized wherever the template moves it;
+becomes ONE sentinel string, Sentinels.text(k), so that it is recognized wherever the template moves it;
 each image becomes the template's image part (list format) or the processor's placeholder (string
 format), so that the processor later finds its own placeholder and expands it.
 """
@@ -18,7 +18,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from preprocessor.content import Conversation, Embeds, Image, Text
-from preprocessor.sentinel import sentinel_text
+from preprocessor.sentinel import Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
 STRING = "string"
@@ -67,8 +67,9 @@ def content_format(template: str) -> str:
     return OPENAI if any(_iterates_content(f.iter, aliases) for f in ast.find_all(nodes.For)) else STRING
 
 
-def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None) -> list[dict[str, Any]]:
-    """The conversation as the template sees it: the k-th prompt_embeds part -> sentinel_text(k), images ->
+def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None, sentinels: Sentinels,
+                      ) -> list[dict[str, Any]]:
+    """The conversation as the template sees it: the k-th prompt_embeds part -> sentinels.text(k), images ->
     image parts."""
     out = []
     embeds = itertools.count()  # the same order as Conversation.parts(Embeds), i.e. the tensors' order
@@ -79,7 +80,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                 if isinstance(p, Text):
                     content.append({"type": "text", "text": p.text})
                 elif isinstance(p, Embeds):
-                    content.append({"type": "text", "text": sentinel_text(next(embeds))})
+                    content.append({"type": "text", "text": sentinels.text(next(embeds))})
                 else:
                     content.append({"type": "image"})
         else:
@@ -90,7 +91,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                     # Like vLLM, consecutive text parts are joined by a newline.
                     pieces.append(("\n" if prev_text else "") + p.text)
                 elif isinstance(p, Embeds):
-                    pieces.append(sentinel_text(next(embeds)))
+                    pieces.append(sentinels.text(next(embeds)))
                 elif isinstance(p, Image):
                     if image_placeholder is None:
                         raise FailedPrecondition(f"{p.where}: this model's processor has no image placeholder")
@@ -101,7 +102,8 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
     return out
 
 
-def render(tokenizer, template: str | None, conv: Conversation, image_placeholder: str | None) -> str:
+def render(tokenizer, template: str | None, conv: Conversation, image_placeholder: str | None,
+           sentinels: Sentinels) -> str:
     """The rendered prompt text (sentinels and image placeholders included)."""
     chosen = conv.chat_template or template
     if not chosen:
@@ -109,7 +111,7 @@ def render(tokenizer, template: str | None, conv: Conversation, image_placeholde
     bad = sorted(RESERVED_KWARGS & conv.template_kwargs.keys())
     if bad:
         raise InvalidArgument(f"chat_template_kwargs may not set {bad}")
-    messages = template_messages(conv, content_format(chosen), image_placeholder)
+    messages = template_messages(conv, content_format(chosen), image_placeholder, sentinels)
     try:
         prompt = tokenizer.apply_chat_template(messages, chat_template=chosen, tokenize=False,
                                                add_generation_prompt=conv.add_generation_prompt,

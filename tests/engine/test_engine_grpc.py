@@ -95,7 +95,7 @@ def _bad_requests(tiny_dirs, info: ModelInfo) -> dict[str, tuple[EngineRequest, 
     nan = torch.zeros(2, 64)
     nan[1, 3] = float("nan")
     return {
-        "id out of range": (text_request([1, info.vocab_rows, 2]), f"token_ids[1] = {info.vocab_rows}"),
+        "id out of range": (text_request([1, info.vocab_rows, 2]), f"token_ids: token ID {info.vocab_rows} (index 1)"),
         "span past the end": (_embeds_req(torch.zeros(3, 64), span=(2, 3, 0)), "past the prompt's 4 positions"),
         "overlapping spans": (EngineRequest("o", [0, 0, 0, 1], [EmbedSpan(0, 2, 0), EmbedSpan(1, 2, 1)],
                                             [NamedTensor(PROMPT_EMBEDS, torch.zeros(2, 64))] * 2), "overlap"),

@@ -62,7 +62,7 @@ def test_smolvlm_sentinel_overflow_is_consumed_end_to_end(shrunk_smolvlm):
             chunks = list(client.chat(messages, temperature=0.0, max_tokens=5, ignore_eos=True))
         assert info.vocab_rows == 49280 and info.image_token_id == 49190
         # the preprocessor's sentinels (registered as the service does it) lie past the last row...
-        sentinel_ids = load_model_files(shrunk_smolvlm).sentinel_ids
+        sentinel_ids = load_model_files(shrunk_smolvlm).sentinels.ids
         assert min(sentinel_ids) >= info.vocab_rows
         # ...and never reach the engine
         assert max(tokenized.token_ids) < info.vocab_rows and not set(sentinel_ids) & set(tokenized.token_ids)

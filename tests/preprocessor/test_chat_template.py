@@ -7,7 +7,7 @@ from transformers import AutoProcessor, AutoTokenizer
 
 from app.tiny import templates
 from preprocessor.core import PreprocessorCore
-from preprocessor.sentinel import SENTINEL_PREFIX, sentinel_text
+from preprocessor.sentinel import SENTINEL_PREFIX, Sentinels
 from preprocessor.template import OPENAI, STRING, content_format
 from splice.errors import SpliceError
 from tests.preprocessor.pp_factories import conversation
@@ -69,7 +69,7 @@ def test_string_template_places_one_sentinel_per_embeds_part(tiny):
     files, info = tiny["tiny-text"]
     conv = conversation(("user", ["a", rows(2, info.hidden_size), "b"]), chat_template=STRING_TEMPLATE)
     norm = PreprocessorCore(files, info).normalize_chat(conv)
-    assert norm.prompt.count(sentinel_text(0)) == 1 and norm.prompt.count(SENTINEL_PREFIX) == 1
+    assert norm.prompt.count(Sentinels.text(0)) == 1 and norm.prompt.count(SENTINEL_PREFIX) == 1
     assert norm.request.embed_spans[0].length == 2
 
 

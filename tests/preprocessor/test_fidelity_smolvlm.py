@@ -70,9 +70,9 @@ def test_ids_with_embeds_equal_hf_outside_the_spans(smolvlm):
     turns = [("system", "Answer briefly."), ("user", [IMG_A, "Compare ", a, " and ", b, " please."])]
     norm = core.normalize_chat(conversation(*turns))
     req = norm.request
-    s0, s1 = core.files.sentinel_ids[:2]
+    s0, s1 = core.files.sentinels.ids[:2]
     # Before consumption the sentinels are past the 49280 embedding rows; after it, no ID is.
-    assert min(core.files.sentinel_ids) >= 49280 == core.info.vocab_rows
+    assert min(core.files.sentinels.ids) >= 49280 == core.info.vocab_rows
     assert (norm.raw_ids.count(s0), norm.raw_ids.count(s1)) == (3, 7)
     assert max(req.token_ids) < 49280
     drop = {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}

@@ -44,14 +44,14 @@ def test_two_spans_and_an_image(tiny, tiny_dirs, name):
     req = norm.request
 
     # The sentinels overflow the vocabulary (no headroom) before consumption and never reach the engine.
-    assert min(files.sentinel_ids) >= info.vocab_rows
+    assert min(files.sentinels.ids) >= info.vocab_rows
     assert all(0 <= t < info.vocab_rows for t in req.token_ids)
     assert len(req.embed_spans) == 2
     s0, s1 = req.embed_spans
     assert (s0.length, s1.length) == (3, 5) and (s0.tensor_index, s1.tensor_index) == (0, 1)
     span_positions = [p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)]
-    assert [i for i, t in enumerate(norm.raw_ids) if t in files.sentinel_id_set] == span_positions
-    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinel_ids[:2])
+    assert [i for i, t in enumerate(norm.raw_ids) if t in files.sentinels.id_set] == span_positions
+    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinels.ids[:2])
     assert all(req.token_ids[p] == FILLER_ID for p in span_positions)
 
     # Text IDs equal HF's IDs for the same conversation without the embeds parts.

@@ -8,7 +8,7 @@ import pytest
 
 from preprocessor.content import Embeds, Text, TokenIds, Where
 from preprocessor.core import PreprocessorCore
-from preprocessor.sentinel import SENTINEL_PREFIX, sentinel_text
+from preprocessor.sentinel import SENTINEL_PREFIX, Sentinels
 from splice.errors import SpliceError
 from splice.model_info import TEXT
 from tests.preprocessor.pp_factories import conversation, raw, rows
@@ -24,7 +24,7 @@ def _reject(fn, code="INVALID_ARGUMENT") -> str:
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3"])
 def test_sentinel_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
-    msg = _reject(lambda: core.normalize_chat(conversation(("user", ["ok", f"sneaky {sentinel_text(3)}"]))))
+    msg = _reject(lambda: core.normalize_chat(conversation(("user", ["ok", f"sneaky {Sentinels.text(3)}"]))))
     assert "messages[0].content[1]" in msg and SENTINEL_PREFIX in msg and "sentinel" in msg
 
 
@@ -39,8 +39,8 @@ def test_reserved_text_rejected_in_complete_and_tokenize(tiny):
     core = PreprocessorCore(*tiny["tiny-llava"])
     assert "prompt[1]" in _reject(lambda: core.normalize_complete([Text("a", Where(None, 0)),
                                                                    Text("<image>", Where(None, 1))]))
-    assert SENTINEL_PREFIX in _reject(lambda: core.tokenize_text(sentinel_text(0)))
-    assert "prompt[0]" in _reject(lambda: core.normalize_complete([Text(sentinel_text(0), Where(None, 0))]))
+    assert SENTINEL_PREFIX in _reject(lambda: core.tokenize_text(Sentinels.text(0)))
+    assert "prompt[0]" in _reject(lambda: core.normalize_complete([Text(Sentinels.text(0), Where(None, 0))]))
 
 
 def test_ids_validated_against_engine_rows_not_tokenizer(tiny):
@@ -51,7 +51,7 @@ def test_ids_validated_against_engine_rows_not_tokenizer(tiny):
     bound = max(ids)
     core = PreprocessorCore(files, replace(info, vocab_rows=bound))
     msg = _reject(lambda: core.normalize_chat(conv))
-    assert f"token ID {bound} at position {ids.index(bound)}" in msg and f"{bound} rows" in msg
+    assert f"prompt: token ID {bound} (index {ids.index(bound)})" in msg and f"{bound} rows" in msg
 
 
 def test_prompt_longer_than_max_model_len(tiny):
@@ -103,7 +103,7 @@ def test_complete_mixes_ids_text_and_embeds(tiny):
 def test_complete_out_of_range_ids_rejected(tiny, bad):
     files, info = tiny["tiny-text"]
     core = PreprocessorCore(files, info)
-    t = {"rows": info.vocab_rows, "sentinel": files.sentinel_ids[0]}.get(bad, bad)  # tiny: no headroom
+    t = {"rows": info.vocab_rows, "sentinel": files.sentinels.ids[0]}.get(bad, bad)  # tiny: no headroom
     msg = _reject(lambda: core.normalize_complete([Text("a", Where(None, 0)), TokenIds((5, t), Where(None, 1))]))
     assert f"prompt[1]: token ID {t} (index 1)" in msg and f"{info.vocab_rows} rows" in msg
 

@@ -15,8 +15,8 @@ from transformers import AutoProcessor
 from preprocessor.content import Conversation, Embeds, Message, Text, TokenIds, Where
 from preprocessor.core import PreprocessorCore
 from preprocessor.detokenizer import IncrementalDetokenizer
-from preprocessor.limits import MAX_EMBEDS_PARTS, Limits
-from preprocessor.sentinel import FILLER_ID, SENTINEL_PREFIX, sentinel_text
+from preprocessor.limits import Limits
+from preprocessor.sentinel import FILLER_ID, MAX_EMBEDS_PARTS, SENTINEL_PREFIX, Sentinels
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
@@ -62,7 +62,7 @@ def test_reordering_template_keeps_each_tensor_with_its_part(tiny):
 
     # The template moved the system part after the first user part: prompt order is parts 1, 0, 2.
     prompt = norm.prompt
-    assert prompt.index(sentinel_text(1)) < prompt.index(sentinel_text(0)) < prompt.index(sentinel_text(2))
+    assert prompt.index(Sentinels.text(1)) < prompt.index(Sentinels.text(0)) < prompt.index(Sentinels.text(2))
     assert [s.tensor_index for s in req.embed_spans] == [1, 0, 2]
     assert [s.offset for s in req.embed_spans] == sorted(s.offset for s in req.embed_spans)
 
@@ -90,7 +90,7 @@ def test_reordering_template_keeps_each_tensor_with_its_part(tiny):
         assert span.length == tensors[span.tensor_index].shape[0]
         assert torch.equal(req.span_rows(span), tensors[span.tensor_index])
         assert req.token_ids[span.offset:span.offset + span.length] == [FILLER_ID] * span.length
-    assert not files.sentinel_id_set & set(req.token_ids)
+    assert not files.sentinels.id_set & set(req.token_ids)
 
 
 def test_part_rendered_twice_or_never_names_the_part(tiny):
@@ -113,7 +113,7 @@ def test_adjacent_parts_and_many_parts(tiny):
     for s, p in zip(req.embed_spans, parts, strict=True):
         assert torch.equal(req.span_rows(s), p)
     assert all(b.offset == a.offset + a.length for a, b in itertools.pairwise(req.embed_spans))
-    assert len(files.sentinel_ids) == MAX_EMBEDS_PARTS
+    assert len(files.sentinels.ids) == MAX_EMBEDS_PARTS
     with pytest.raises(ValueError, match="max_embeds_parts"):
         Limits(max_embeds_parts=MAX_EMBEDS_PARTS + 1)
 
@@ -122,14 +122,14 @@ def test_sentinel_strings_forbidden_in_roles_kwargs_and_template(tiny):
     files, info = tiny["tiny-text"]
     core = PreprocessorCore(files, info)
     role = Conversation((Message("user", (Text("hi", Where(0, 0)),), True, 0),
-                         Message(f"user{sentinel_text(0)}", (Text("x", Where(1, 0)),), True, 1)))
+                         Message(f"user{Sentinels.text(0)}", (Text("x", Where(1, 0)),), True, 1)))
     msg = _reject(lambda: core.normalize_chat(role))
     assert "messages[1].role" in msg and SENTINEL_PREFIX in msg
-    nested = conversation(("user", "x"), template_kwargs={"tools": [{"name": f"t {sentinel_text(7)}"}]})
+    nested = conversation(("user", "x"), template_kwargs={"tools": [{"name": f"t {Sentinels.text(7)}"}]})
     assert "chat_template_kwargs['tools'][0]['name']" in _reject(lambda: core.normalize_chat(nested))
-    a_key = conversation(("user", "x"), template_kwargs={"docs": {sentinel_text(1): "v"}})
+    a_key = conversation(("user", "x"), template_kwargs={"docs": {Sentinels.text(1): "v"}})
     assert "chat_template_kwargs['docs']" in _reject(lambda: core.normalize_chat(a_key))
-    override = conversation(("user", "x"), chat_template="{{ '" + sentinel_text(0) + "' }}")
+    override = conversation(("user", "x"), chat_template="{{ '" + Sentinels.text(0) + "' }}")
     assert "chat_template contains" in _reject(lambda: core.normalize_chat(override))
     built = conversation(("user", "x"), chat_template="{{ '<|splice_prompt_' ~ 'embeds_5|>' }}")
     assert "only 0 prompt_embeds parts" in _reject(lambda: core.normalize_chat(built))  # a stray sentinel
@@ -145,13 +145,13 @@ def _headroom(tiny):
     files, info = tiny["tiny-text"]
     assert info.vocab_rows == files.base_vocab  # the tiny model has no headroom...
     roomy = replace(info, vocab_rows=files.base_vocab + 64)  # ...so give it llava's
-    assert files.sentinel_ids[0] < roomy.vocab_rows <= files.sentinel_ids[-1]
+    assert files.sentinels.ids[0] < roomy.vocab_rows <= files.sentinels.ids[-1]
     return files, roomy
 
 
 def test_complete_takes_an_id_equal_to_a_sentinel_id_as_an_ordinary_id(tiny):
     files, info = _headroom(tiny)
-    sid0, sid1 = files.sentinel_ids[:2]
+    sid0, sid1 = files.sentinels.ids[:2]
     x = rows(3, info.hidden_size)
     text_ids = files.tokenizer(" tail", add_special_tokens=False)["input_ids"]
     req = PreprocessorCore(files, info).normalize_complete([
@@ -168,8 +168,8 @@ def test_chat_with_headroom_sentinels_still_consumed(tiny):
     norm = PreprocessorCore(files, info).normalize_chat(conversation(("user", ["p ", a, " q ", b, " r"])))
     req = norm.request
     assert [(s.length, s.tensor_index) for s in req.embed_spans] == [(2, 0), (3, 1)]
-    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinel_ids[:2])
-    assert not files.sentinel_id_set & set(req.token_ids)
+    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinels.ids[:2])
+    assert not files.sentinels.id_set & set(req.token_ids)
 
 
 @pytest.mark.parametrize("skip", [True, False])
@@ -177,11 +177,11 @@ def test_detokenize_drops_sentinel_ids(tiny, skip):
     files, info = _headroom(tiny)
     core = PreprocessorCore(files, info)
     hello = files.tokenizer("Hello world", add_special_tokens=False)["input_ids"]
-    sids = [s for s in files.sentinel_ids if s < info.vocab_rows][:3]
+    sids = [s for s in files.sentinels.ids if s < info.vocab_rows][:3]
     mixed = [hello[0], sids[0], *hello[1:], sids[1], sids[2]]
     text = core.detokenize(mixed, skip_special_tokens=skip)
     assert SENTINEL_PREFIX not in text and text == core.detokenize(hello, skip_special_tokens=skip)
-    detok = IncrementalDetokenizer(files.tokenizer, skip, files.sentinel_id_set)
+    detok = IncrementalDetokenizer(files.tokenizer, skip, files.sentinels.id_set)
     streamed = "".join(detok.push(t) for t in mixed) + detok.flush()
     assert streamed == text
 
@@ -198,7 +198,7 @@ class _Replay:
 async def test_stream_never_emits_sentinel_text(tiny):
     files, info = _headroom(tiny)
     hello = files.tokenizer("Hi there", add_special_tokens=False)["input_ids"]
-    generated = [files.sentinel_ids[0], *hello, files.sentinel_ids[1]]
+    generated = [files.sentinels.ids[0], *hello, files.sentinels.ids[1]]
     core = PreprocessorCore(files, info, _Replay(generated))
     chunks = [c async for c in core.chat(conversation(("user", "x")), SamplingParams(skip_special_tokens=False))]
     assert "".join(c.text for c in chunks) == "Hi there"
@@ -215,7 +215,7 @@ def test_llava_15_sentinels_inside_the_table_yet_spans_correct(shared_models):
     path = shared_models / LLAVA
     files, info = files_for(path), model_info_from_config(path)
     assert (files.base_vocab, info.vocab_rows) == (32002, 32064)
-    assert files.sentinel_ids[0] == 32002 and files.sentinel_ids[61] == 32063  # valid engine IDs
+    assert files.sentinels.ids[0] == 32002 and files.sentinels.ids[61] == 32063  # valid engine IDs
     a, b = rows(3, info.hidden_size, seed=1), rows(5, info.hidden_size, seed=2)  # [3, 4096], [5, 4096]
     image = png_bytes(70, 45)
     turns = [("user", [image, "Compare ", a, " with ", b, " please."])]
@@ -224,8 +224,8 @@ def test_llava_15_sentinels_inside_the_table_yet_spans_correct(shared_models):
     req = norm.request
     assert [(s.length, s.tensor_index) for s in req.embed_spans] == [(3, 0), (5, 1)]
     assert torch.equal(req.span_rows(req.embed_spans[0]), a) and torch.equal(req.span_rows(req.embed_spans[1]), b)
-    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinel_ids[:2])
-    assert not files.sentinel_id_set & set(req.token_ids)
+    assert [norm.raw_ids[s.offset] for s in req.embed_spans] == list(files.sentinels.ids[:2])
+    assert not files.sentinels.id_set & set(req.token_ids)
     span_positions = {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
     assert all(req.token_ids[p] == FILLER_ID for p in span_positions)
     # Text around the spans where it belongs; up to the last image token the IDs are HF's own (llava's
@@ -244,8 +244,32 @@ def test_llava_15_sentinels_inside_the_table_yet_spans_correct(shared_models):
     assert req.token_ids[:last_image + 1] == hf[:last_image + 1] and last_image < s0.offset
 
     # Complete: an ordinary ID equal to a sentinel ID passes through; Detokenize never shows a sentinel.
-    sid = files.sentinel_ids[0]
+    sid = files.sentinels.ids[0]
     got = core.normalize_complete([TokenIds((1, sid, 2), Where(None, 0)), Embeds("tensor", raw(a), Where(None, 1))])
     assert got.request.token_ids == [1, sid, 2, FILLER_ID, FILLER_ID, FILLER_ID]
     assert [(s.offset, s.length) for s in got.request.embed_spans] == [(3, 3)]
     assert SENTINEL_PREFIX not in core.detokenize([1, sid, 2], skip_special_tokens=False)
+
+
+# --- Sentinels.splice on its own: expansion and consumption are one call ---
+
+
+def test_splice_expands_locates_then_consumes():
+    s = Sentinels((900, 901, 902))  # as registered on some tokenizer; only their identity matters here
+    wheres = [Where(0, 1), Where(0, 3)]
+    got = s.splice([7, 901, 900, 8], [2, 3], wheres)  # the template put part 1 before part 0, touching
+    assert got.expanded == [7, 901, 901, 901, 900, 900, 8]
+    assert [(sp.offset, sp.length, sp.part) for sp in got.spans] == [(1, 3, 1), (4, 2, 0)]
+    assert got.ids == [7] + [FILLER_ID] * 5 + [8]
+    with pytest.raises(SpliceError, match=r"part \(message 0, part 3\) 0 times"):
+        s.splice([7, 900, 8], [2, 3], wheres)
+    with pytest.raises(SpliceError, match="only 2 prompt_embeds parts"):
+        s.splice([900, 901, 902], [1, 1], wheres)
+    assert s.drop([1, 900, 2, 902]) == [1, 2] and s.count == 3
+
+
+def test_sentinel_check_text_names_the_place():
+    s = Sentinels((900,))
+    s.check_text("plain", Where(0, 0))
+    with pytest.raises(SpliceError, match=r"^messages\[2\]\.role: role contains the reserved string"):
+        s.check_text(f"x{Sentinels.text(5)}", "messages[2].role", "role")

@@ -1,0 +1,121 @@
+"""The rules every EngineRequest obeys, whoever checks them: the preprocessor while it builds a request
+(naming the caller's parts) and the engine when it re-validates one (DESIGN.md preprocessor step 6,
+engine step 1). Only rules that need no model live here; the engine adds image rows vs its vision family.
+
+Every failure is InvalidArgument; `where` / `what` name the offending thing for the message.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+from splice.engine_request import PROMPT_EMBEDS, EngineRequest
+from splice.errors import InvalidArgument
+from splice.model_info import ModelInfo
+from splice.tensors import FLOAT_DTYPES
+
+
+def _at(where: object) -> str:
+    return f"{where}: " if where else ""
+
+
+def check_ids(ids: Sequence[int], info: ModelInfo, where: object = "token_ids") -> None:
+    """Every ID indexes the ENGINE's embedding table (vocab_rows, never a tokenizer's length). `where` names
+    the sequence ("prompt[2]", "token_ids"); the index is the ID's position in `ids`."""
+    for i, t in enumerate(ids):
+        if not 0 <= t < info.vocab_rows:
+            raise InvalidArgument(f"{_at(where)}token ID {t} (index {i}) is out of range: the engine's embedding "
+                                  f"table has {info.vocab_rows} rows (IDs must be in [0, {info.vocab_rows}))")
+
+
+def check_length(n: int, info: ModelInfo, where: object = "") -> None:
+    """A prompt of `n` positions is nonempty and leaves at least one position to generate into."""
+    if n == 0:
+        raise InvalidArgument(f"{_at(where)}the prompt is empty")
+    if n >= info.max_model_len:
+        raise InvalidArgument(f"{_at(where)}the prompt is {n} positions long; the engine's max_model_len is "
+                              f"{info.max_model_len} and at least one position must be left to generate")
+
+
+def check_rows(n: int, info: ModelInfo, what: str) -> None:
+    """`n` rows of supplied embeddings: at least one, and fewer than the context holds."""
+    if n < 1:
+        raise InvalidArgument(f"{what} has {n} rows; at least 1 expected")
+    if n >= info.max_model_len:
+        raise InvalidArgument(f"{what} has {n} rows; the engine's max_model_len is {info.max_model_len} and at "
+                              f"least one position must be left to generate")
+
+
+def check_hidden(columns: int, info: ModelInfo, what: str) -> None:
+    if columns != info.hidden_size:
+        raise InvalidArgument(f"{what} has {columns} columns, expected hidden size {info.hidden_size}")
+
+
+def check_float_dtype(dtype: torch.dtype, what: str) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise InvalidArgument(f"{what} has dtype {str(dtype).removeprefix('torch.')}, expected a float dtype")
+
+
+def check_finite(t: torch.Tensor, what: str, why: str = "NaN or Inf") -> None:
+    """`why` says what non-finite values mean here (a cast that overflowed, ...)."""
+    if not bool(torch.isfinite(t).all()):
+        raise InvalidArgument(f"{what} holds non-finite values ({why})")
+
+
+def check_spans(req: EngineRequest, info: ModelInfo) -> set[int]:
+    """Each span lies inside the prompt, disjoint from the others, over its own prompt_embeds tensor of
+    [length, hidden] float rows; every prompt_embeds tensor has a span. Returns the positions spans cover.
+    The rows' values are check_values' concern."""
+    used_tensors: set[int] = set()
+    ends: list[tuple[int, int, int]] = []
+    for i, span in enumerate(req.embed_spans):
+        what = f"embed_spans[{i}] (offset {span.offset}, length {span.length})"
+        if span.length < 1:
+            raise InvalidArgument(f"{what}: length must be >= 1")
+        if span.offset < 0 or span.offset + span.length > req.prompt_len:
+            raise InvalidArgument(f"{what}: ends at {span.offset + span.length}, past the prompt's "
+                                  f"{req.prompt_len} positions")
+        if not 0 <= span.tensor_index < len(req.tensors):
+            raise InvalidArgument(f"{what}: tensor_index {span.tensor_index} but {len(req.tensors)} tensors sent")
+        named = req.tensors[span.tensor_index]
+        tensor_what = f"{what}: tensors[{span.tensor_index}]"
+        if named.name != PROMPT_EMBEDS:
+            raise InvalidArgument(f"{tensor_what} is {named.name!r}, not {PROMPT_EMBEDS!r}")
+        if span.tensor_index in used_tensors:
+            raise InvalidArgument(f"{tensor_what} is already used by another span")
+        used_tensors.add(span.tensor_index)
+        t = named.tensor
+        if t.dim() != 2:
+            raise InvalidArgument(f"{tensor_what} has shape {list(t.shape)}, expected [{span.length}, "
+                                  f"{info.hidden_size}]")
+        if t.shape[0] != span.length:
+            raise InvalidArgument(f"{tensor_what} has {t.shape[0]} rows, expected {span.length}")
+        check_hidden(t.shape[1], info, tensor_what)
+        check_float_dtype(t.dtype, tensor_what)
+        ends.append((span.offset, span.offset + span.length, i))
+    ends.sort()
+    for (_, end_a, a), (start_b, _, b) in itertools.pairwise(ends):
+        if start_b < end_a:
+            raise InvalidArgument(f"embed_spans[{a}] and embed_spans[{b}] overlap at position {start_b}")
+    for i, named in enumerate(req.tensors):
+        if named.name == PROMPT_EMBEDS and i not in used_tensors:
+            raise InvalidArgument(f"tensors[{i}] ({PROMPT_EMBEDS}) is referenced by no embed span")
+    return {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
+
+
+def check_request(req: EngineRequest, info: ModelInfo, where: object = "token_ids") -> set[int]:
+    """Length, IDs and spans (`where` names the IDs); returns the positions spans cover."""
+    check_length(req.prompt_len, info)
+    check_ids(req.token_ids, info, where)
+    return check_spans(req, info)
+
+
+def check_values(req: EngineRequest) -> None:
+    """The supplied rows are finite. A separate pass over every value: the preprocessor checks each part's
+    rows as it decodes them, naming the part, and needs no second pass."""
+    for i, named in enumerate(req.tensors):
+        if named.name == PROMPT_EMBEDS:
+            check_finite(named.tensor, f"tensors[{i}] ({PROMPT_EMBEDS})")
