@@ -1,4 +1,5 @@
-"""splice.v1 preprocessor messages <-> the core's dataclasses. The only place that reads their protobuf."""
+"""splice.v1 preprocessor requests -> the core's content dataclasses. The only place that reads their protobuf;
+replies are written by their own to_pb (outputs.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from preprocessor.content import (
     TokenIds,
     Where,
 )
-from preprocessor.outputs import TokenizeResult
 from splice.errors import InvalidArgument
-from splice.v1 import common_pb2, preprocessor_pb2
+from splice.v1 import preprocessor_pb2
 
 
 def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where) -> Embeds:
@@ -82,12 +82,3 @@ def prompt_from_pb(pb: preprocessor_pb2.CompleteRequest) -> list[PromptPart]:
         else:
             raise InvalidArgument(f"{where}: prompt part has no kind; set token_ids, text or prompt_embeds")
     return out
-
-
-def tokenize_to_pb(result: TokenizeResult) -> preprocessor_pb2.TokenizeResponse:
-    return preprocessor_pb2.TokenizeResponse(
-        token_ids=list(result.token_ids),
-        embed_spans=[common_pb2.EmbedSpan(offset=o, length=n, tensor_index=k) for o, n, k in result.embed_spans],
-        prompt=result.prompt,
-        image_token_counts=list(result.image_token_counts),
-    )

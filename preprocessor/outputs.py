@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splice.engine_output import FinishReason, Usage, finish_reason_to_pb
-from splice.v1 import preprocessor_pb2
+from splice.v1 import common_pb2, preprocessor_pb2
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,11 @@ class TokenizeResult:
     embed_spans: tuple[tuple[int, int, int], ...]  # (offset, length, tensor_index)
     prompt: str  # rendered template text, sentinels included
     image_token_counts: tuple[int, ...]
+
+    def to_pb(self) -> preprocessor_pb2.TokenizeResponse:
+        return preprocessor_pb2.TokenizeResponse(
+            token_ids=list(self.token_ids),
+            embed_spans=[common_pb2.EmbedSpan(offset=o, length=n, tensor_index=k) for o, n, k in self.embed_spans],
+            prompt=self.prompt,
+            image_token_counts=list(self.image_token_counts),
+        )

@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 import grpc
 
-from preprocessor.convert import conversation_from_pb, prompt_from_pb, tokenize_to_pb
+from preprocessor.convert import conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
@@ -47,9 +47,10 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         # In a thread, like Chat's normalization: images, embeds and long texts would stall every stream.
         if kind == "chat":
             conv = conversation_from_pb(request.chat)
-            return tokenize_to_pb(await asyncio.to_thread(core.tokenize_chat, conv))
+            return (await asyncio.to_thread(core.tokenize_chat, conv)).to_pb()
         if kind == "text":
-            return tokenize_to_pb(await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens))
+            result = await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens)
+            return result.to_pb()
         raise InvalidArgument("TokenizeRequest has no input; set chat or text")
 
     async def Detokenize(self, request: preprocessor_pb2.DetokenizeRequest,
