@@ -2,7 +2,8 @@
 
 A request's life, file by file:
 1. servicer.py   reassembles the Generate client stream (splice.engine_wire.RequestAssembler).
-2. llm_engine.py `generate()` re-validates it (validate.py) and queues a Sequence (sequence.py).
+2. llm_engine.py `generate()` re-validates it (splice.request_rules, the same rules the preprocessor
+   applied, + validate.py: image rows vs the vision family) and queues a Sequence (sequence.py).
 3. scheduler.py  admits it at the next step boundary, within the running / token / queue limits.
 4. embedder.py   looks up its IDs, runs the vision tower (vision.py) and merges images and supplied rows.
 5. model_runner.py prefills it and concatenates its KV cache into the running batch; every later step
