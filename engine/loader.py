@@ -42,7 +42,7 @@ def pick_dtype(name: str, config, device: torch.device) -> torch.dtype:
         return DTYPES[name]
     if device.type == "cpu":  # half precision on CPU is slow and not what tests compare against
         return torch.float32
-    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    saved = getattr(config, "dtype", None)  # transformers 5 reads a saved torch_dtype into dtype
     if isinstance(saved, str):
         saved = DTYPES.get(saved)
     return saved if saved in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
@@ -80,10 +80,7 @@ def load(cfg: EngineConfig) -> LoadedModel:
     # sdpa: the runner passes its own additive 4D masks, which sdpa and eager both take.
     model = cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
 
-    backbone = model.get_decoder()
-    # Some VLMs (Idefics3) answer get_decoder() with the whole multimodal model; serve its text stack.
-    for attr in ("text_model", "language_model"):
-        backbone = getattr(backbone, attr, backbone)
+    backbone = model.get_decoder()  # transformers 5 answers with the text stack for VLMs too
     lm_head = model.get_output_embeddings()
     embed = model.get_input_embeddings()
     if backbone is None or lm_head is None:

@@ -70,15 +70,12 @@ class ModelRunner:
     def _forward(self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache: DynamicCache) -> torch.Tensor:
         """embeds [rows, q, hidden], mask [rows, T], positions [rows, q] -> last-position logits [rows, vocab]."""
-        q = embeds.shape[1]
-        width = mask.shape[1]
         out = self.m.backbone(
             inputs_embeds=embeds,
-            attention_mask=self._attn_mask(mask, q),
+            attention_mask=self._attn_mask(mask, embeds.shape[1]),
             position_ids=positions,
-            past_key_values=cache,
+            cache=cache,  # past_key_values before transformers 5.24, which also dropped cache_position
             use_cache=True,
-            cache_position=torch.arange(width - q, width, device=embeds.device),
         )
         return self.m.lm_head(out.last_hidden_state[:, -1]).float()
 

@@ -19,6 +19,15 @@ def _check_float(name: str, t: torch.Tensor) -> None:
     check_finite(t, name)
 
 
+def _feature_rows(out) -> torch.Tensor:
+    """get_image_features' answer -> [rows, hidden]. transformers 5 wraps the projected features in a
+    BaseModelOutputWithPooling's pooler_output, as one tensor or one tensor per image."""
+    feats = out.pooler_output
+    if isinstance(feats, (list, tuple)):
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+    return feats.reshape(-1, feats.shape[-1])
+
+
 def _check_names(inputs: dict[str, torch.Tensor], accepted: tuple[str, ...], required: str) -> None:
     for name in inputs:
         if name not in accepted:
@@ -54,10 +63,7 @@ class LlavaVision:
     def features(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
         pv = inputs["pixel_values"].to(device=device, dtype=dtype)
-        feats = model.get_image_features(pixel_values=pv)
-        if isinstance(feats, (list, tuple)):
-            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
-        return feats.reshape(-1, feats.shape[-1])  # [images * rows_per_image, hidden]
+        return _feature_rows(model.get_image_features(pixel_values=pv))  # [images * rows_per_image, hidden]
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,8 @@ class Idefics3Vision:
         mask = inputs.get("pixel_attention_mask")
         if mask is not None:
             mask = mask.to(device=device, dtype=torch.bool)
-        feats = model.model.get_image_features(pixel_values=pv, pixel_attention_mask=mask)
-        return feats.reshape(-1, feats.shape[-1])  # [real_tiles * rows_per_tile, hidden]
+        out = model.model.get_image_features(pixel_values=pv, pixel_attention_mask=mask)
+        return _feature_rows(out)  # [real_tiles * rows_per_tile, hidden]
 
 
 VisionFamily = LlavaVision | Idefics3Vision

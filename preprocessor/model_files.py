@@ -48,7 +48,9 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     has_processor = any((Path(path) / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     try:
         if has_processor:
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+            # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
+            # is installed (transformers 5 would pick its torchvision ones when it is).
+            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

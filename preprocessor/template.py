@@ -26,7 +26,8 @@ OPENAI = "openai"
 # Arguments of apply_chat_template that the caller's kwargs must not replace.
 RESERVED_KWARGS = frozenset({"conversation", "messages", "chat_template", "add_generation_prompt", "tokenize",
                              "return_dict", "return_tensors", "tokenizer_kwargs", "return_assistant_tokens_mask",
-                             "continue_final_message", "padding", "truncation", "max_length"})
+                             "continue_final_message", "padding", "truncation", "max_length",
+                             "sanitize_control_tokens"})
 
 
 def _is_content(node: nodes.Node) -> bool:

@@ -50,7 +50,7 @@ def test_text_model_forward(tiny_dirs):
 @pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3"])
 def test_vision_model_forward(tiny_dirs, name):
     path = tiny_dirs[name]
-    processor = AutoProcessor.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path, backend="pil")
     model = AutoModelForImageTextToText.from_pretrained(path).eval()
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)

@@ -23,7 +23,7 @@ from app.tiny.tokenizer import EOS, PAD, build_tokenizer
 
 # Bump whenever anything that ends up in a checkpoint changes: the cache folder name carries it, so a
 # new version is built beside the old one instead of reusing stale files.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: written by transformers 5
 DEFAULT_SEED = 0
 DEFAULT_MODEL = "tiny-idefics3"
 MARKER = "splice_tiny.json"
@@ -74,7 +74,7 @@ def _build_text(out: Path) -> None:
 
 def _build_llava(out: Path) -> None:
     from transformers import (
-        CLIPImageProcessor,
+        CLIPImageProcessorPil,
         CLIPVisionConfig,
         LlamaConfig,
         LlavaConfig,
@@ -96,7 +96,8 @@ def _build_llava(out: Path) -> None:
     model = LlavaForConditionalGeneration(config)
     model.generation_config.eos_token_id = tok.eos_token_id
     side = VISION["image_size"]
-    image_processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    # The PIL image processors throughout: the default (torchvision) ones would need torchvision to build.
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tok,
@@ -113,7 +114,7 @@ def _build_idefics3(out: Path) -> None:
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessor,
+        Idefics3ImageProcessorPil,
         Idefics3Processor,
         Idefics3VisionConfig,
         LlamaConfig,
@@ -133,7 +134,7 @@ def _build_idefics3(out: Path) -> None:
     model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_utterance>")]
     side = VISION["image_size"]
     # Images up to 2x2 tiles of 32 px plus the global view, like SmolVLM's 512 px tiles.
-    image_processor = Idefics3ImageProcessor(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side})
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side})
     image_seq_len = (side // VISION["patch_size"]) ** 2 // scale_factor**2
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=image_seq_len,
                                   chat_template=templates.IDEFICS3)

@@ -35,7 +35,7 @@ def build_tokenizer(extra_specials: list[str], chat_template: str) -> PreTrained
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        additional_special_tokens=[s for s in specials if s not in (BOS, EOS, PAD)],
+        extra_special_tokens=[s for s in specials if s not in (BOS, EOS, PAD)],
         chat_template=chat_template,
         model_max_length=2048,
         clean_up_tokenization_spaces=False,

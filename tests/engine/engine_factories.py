@@ -38,7 +38,7 @@ def image_inputs(model_dir, prompt_text: str = "What is shown?", size=(70, 45)) 
     """(input_ids, {forward keyword: tensor}) exactly as the model's own HF processor makes them."""
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(model_dir)
+    processor = AutoProcessor.from_pretrained(model_dir, backend="pil")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt_text}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(text=prompt, images=[picture(*size)], return_tensors="pt")

@@ -44,9 +44,9 @@ def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_
         tok = AutoTokenizer.from_pretrained(tiny_dirs[name])
         expected_prompt = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   tokenize=False)
-        expected_ids = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        expected_ids = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)["input_ids"]
     else:
-        proc = AutoProcessor.from_pretrained(tiny_dirs[name])
+        proc = AutoProcessor.from_pretrained(tiny_dirs[name], backend="pil")
         expected_prompt = proc.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         expected_ids = proc(text=expected_prompt, return_tensors="pt")["input_ids"][0].tolist()
     assert norm.prompt == expected_prompt

@@ -21,7 +21,7 @@ def smolvlm(shared_models):
     path = shared_models / SMOLVLM
     info = model_info_from_config(path)
     assert info.vocab_rows == 49280
-    return PreprocessorCore(files_for(path), info), AutoProcessor.from_pretrained(path)
+    return PreprocessorCore(files_for(path), info), AutoProcessor.from_pretrained(path, backend="pil")
 
 
 IMG_A, IMG_B = png_bytes(70, 45), png_bytes(30, 60, seed=5)
@@ -88,4 +88,4 @@ def test_llava_15_ids_equal_hf_processor(shared_models, name):
     core = PreprocessorCore(files_for(path), model_info_from_config(path))
     turns = [t for t in CONVERSATIONS[name] if t[0] != "system"]
     got = core.normalize_chat(conversation(*turns)).request.token_ids
-    assert got == _hf_ids(AutoProcessor.from_pretrained(path), turns)
+    assert got == _hf_ids(AutoProcessor.from_pretrained(path, backend="pil"), turns)

@@ -18,12 +18,12 @@ from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 def _hf_ids(path, messages, images):
     """IDs HF itself produces for `messages` (no embeds parts), with a fresh processor/tokenizer."""
     if images:
-        proc = AutoProcessor.from_pretrained(path)
+        proc = AutoProcessor.from_pretrained(path, backend="pil")
         text = proc.apply_chat_template(messages, add_generation_prompt=True)
         out = proc(text=text, images=images, return_tensors="pt")
         return out["input_ids"][0].tolist(), out
     tok = AutoTokenizer.from_pretrained(path)
-    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True), None
+    return tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"], None
 
 
 def _without_spans(ids, spans):
@@ -109,7 +109,7 @@ def test_multiple_images_counts(tiny):
     counts = norm.image_token_counts
     assert len(counts) == 2 and sum(counts) == norm.request.token_ids.count(info.image_token_id)
     # Independent of how the core counts: tiles (incl. the global view) x tokens per tile, from a fresh processor.
-    proc = AutoProcessor.from_pretrained(files.path)
+    proc = AutoProcessor.from_pretrained(files.path, backend="pil")
     for c, (w, h, seed) in zip(counts, [(70, 45, 0), (30, 30, 3)], strict=True):
         pic = PILImage.open(io.BytesIO(png_bytes(w, h, seed))).convert("RGB")
         tiles = proc.image_processor([pic], return_tensors="pt")["pixel_values"].shape[1]

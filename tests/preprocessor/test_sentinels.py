@@ -235,7 +235,7 @@ def test_llava_15_sentinels_inside_the_table_yet_spans_correct(shared_models):
     assert tok.decode(req.token_ids[:s0.offset]).rstrip().endswith("Compare")
     assert tok.decode(req.token_ids[s0.offset + s0.length:s1.offset]).strip() == "with"
     assert tok.decode(req.token_ids[s1.offset + s1.length:]).strip().startswith("please.")
-    proc = AutoProcessor.from_pretrained(path)
+    proc = AutoProcessor.from_pretrained(path, backend="pil")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Compare with please."}]}]
     pic = PILImage.open(io.BytesIO(image)).convert("RGB")
     hf = proc(text=proc.apply_chat_template(messages, add_generation_prompt=True), images=[pic],
