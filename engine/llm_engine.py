@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.embedder import prompt_embeddings
 from engine.loader import LoadedModel, load
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner
+from engine.models import Prompt
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -56,7 +56,7 @@ class LLMEngine:
     def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.cfg = cfg
         self.m = loaded if loaded is not None else load(cfg)
-        self.runner = ModelRunner(self.m)
+        self.runner = ModelRunner(self.m.family)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue)
         self._lock = threading.Lock()  # guards the scheduler and the sequence tables
@@ -120,7 +120,7 @@ class LLMEngine:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
         # finite checks read every tensor byte: off the event loop, like the forward
-        await asyncio.to_thread(validate_request, req, self.m.info, self.m.vision)
+        await asyncio.to_thread(validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
         listener = _Listener(asyncio.get_running_loop(), asyncio.Queue(), arrival)
@@ -198,10 +198,10 @@ class LLMEngine:
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         ready: list[Sequence] = []
-        prompts: list[torch.Tensor] = []
+        prompts: list[Prompt] = []
         for seq in seqs:
             try:
-                prompts.append(prompt_embeddings(self.m, seq.payload))  # [prompt_len, hidden]
+                prompts.append(self.m.family.prompt(seq.payload))  # merged: text, image features, supplied rows
                 ready.append(seq)
             except Exception as exc:  # this request's vision/merge failed; the others go on
                 log.exception("request %s: embedding failed", seq.request_id)
@@ -224,7 +224,7 @@ class LLMEngine:
         self._postprocess(ready, logits)
 
     def _prefill_one_by_one(self, seqs: list[Sequence],
-                            prompts: list[torch.Tensor]) -> tuple[list[Sequence], torch.Tensor | None]:
+                            prompts: list[Prompt]) -> tuple[list[Sequence], torch.Tensor | None]:
         """After a failed group prefill: each alone, so only the request that fails is failed."""
         ok: list[Sequence] = []
         rows: list[torch.Tensor] = []

@@ -1,4 +1,4 @@
-"""Loads an HF checkpoint for serving: device, dtype, the text backbone's parts, and its ModelInfo."""
+"""Loads an HF checkpoint for serving: device, dtype, its model family (engine/models/), and its ModelInfo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.vision import VisionFamily, vision_family
+from engine.models import ModelFamily, family_for
 from splice.errors import FailedPrecondition
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
 from splice.tensors import DTYPES
@@ -19,14 +19,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LoadedModel:
-    model: torch.nn.Module  # the whole HF model (vision parts included)
-    backbone: torch.nn.Module  # the decoder stack: takes inputs_embeds, returns hidden states
-    lm_head: torch.nn.Module  # hidden -> vocabulary logits
-    embed: torch.nn.Embedding  # the input embedding table (its rows are ModelInfo.vocab_rows)
-    vision: VisionFamily | None
+    family: ModelFamily  # the HF model and everything the engine needs to know about its architecture
     info: ModelInfo
-    device: torch.device
-    dtype: torch.dtype
+
+    @property
+    def model(self) -> torch.nn.Module:  # the whole HF model (vision parts included)
+        return self.family.model
+
+    @property
+    def embed(self) -> torch.nn.Module:  # the input embedding table (its rows are ModelInfo.vocab_rows)
+        return self.family.embed
+
+    @property
+    def device(self) -> torch.device:
+        return self.family.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.family.dtype
 
 
 def pick_device(name: str) -> torch.device:
@@ -69,22 +79,14 @@ def load(cfg: EngineConfig) -> LoadedModel:
     if not (Path(path) / "config.json").exists():
         raise FailedPrecondition(f"{path}: no config.json (resolve the model with app.models.resolve_model)")
     config = transformers.AutoConfig.from_pretrained(path)
-    arch = (config.architectures or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:
-        raise FailedPrecondition(f"{path}: architecture {arch!r} is not a transformers class")
-    vision = vision_family(config)
+    family_cls = family_for(config)
+    arch = (config.architectures or [family_cls.name])[0]
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, config, device)
-    log.info("loading %s (%s) on %s as %s", path, arch, device, dtype)
-    # sdpa: the runner passes its own additive 4D masks, which sdpa and eager both take.
-    model = cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-
-    backbone = model.get_decoder()  # transformers 5 answers with the text stack for VLMs too
-    lm_head = model.get_output_embeddings()
-    embed = model.get_input_embeddings()
-    if backbone is None or lm_head is None:
-        raise FailedPrecondition(f"{arch}: no decoder / output embeddings to serve")
+    log.info("loading %s (%s, family %s) on %s as %s", path, arch, family_cls.name, device, dtype)
+    model = family_cls.load_model(path, config, dtype).to(device).eval()
+    family = family_cls(model, device, dtype)
+    embed = family.embed
     text_config = config.get_text_config()
     max_position = getattr(text_config, "max_position_embeddings", None)
     max_len = cfg.max_model_len or max_position
@@ -93,13 +95,7 @@ def load(cfg: EngineConfig) -> LoadedModel:
     if max_position is not None and max_len > max_position:
         raise FailedPrecondition(
             f"--max-model-len {max_len} exceeds the model's max_position_embeddings {max_position}")
-    image_token_id = None
-    kinds: tuple[str, ...] = (TEXT, PROMPT_EMBEDS)
-    if vision is not None:
-        image_token_id = getattr(config, "image_token_id", None)
-        if image_token_id is None:
-            image_token_id = getattr(config, "image_token_index", None)
-        kinds = (TEXT, PROMPT_EMBEDS, IMAGE)
+    kinds = (TEXT, PROMPT_EMBEDS, IMAGE) if family.accepts_images else (TEXT, PROMPT_EMBEDS)
     info = ModelInfo(
         model=cfg.served_name,
         architecture=arch,
@@ -107,8 +103,8 @@ def load(cfg: EngineConfig) -> LoadedModel:
         hidden_size=int(embed.weight.shape[1]),
         dtype=str(dtype).removeprefix("torch."),
         max_model_len=int(max_len),
-        image_token_id=image_token_id,
+        image_token_id=family.image_token_id,
         input_kinds=kinds,
         eos_token_ids=_eos_ids(path, text_config),
     )
-    return LoadedModel(model, backbone, lm_head, embed, vision, info, device, dtype)
+    return LoadedModel(family, info)

@@ -7,29 +7,30 @@ failure is InvalidArgument naming the part, expected vs got (FailedPrecondition 
 
 from __future__ import annotations
 
-from engine.vision import VisionFamily
+from engine.models.base import ImageGeometry
 from splice.engine_request import EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.model_info import ModelInfo
 from splice.request_rules import check_request, check_values
 
 
-def _check_images(req: EngineRequest, info: ModelInfo, vision: VisionFamily | None, covered: set[int]) -> None:
+def _check_images(req: EngineRequest, info: ModelInfo, images: ImageGeometry | None, covered: set[int]) -> None:
     inputs = req.model_inputs
     image_positions = ([i for i, t in enumerate(req.token_ids) if t == info.image_token_id and i not in covered]
                        if info.image_token_id is not None else [])
-    if vision is None:
+    if images is None:
         if inputs:
             raise FailedPrecondition(f"{info.model} takes no image inputs; got tensors {sorted(inputs)}")
         return
-    want = vision.expected_rows(inputs) if inputs else 0
+    want = images.expected_rows(inputs) if inputs else 0
     if len(image_positions) != want:
         raise InvalidArgument(f"prompt has {len(image_positions)} image tokens (ID {info.image_token_id}) but the "
                               f"image inputs make {want} feature rows")
 
 
-def validate_request(req: EngineRequest, info: ModelInfo, vision: VisionFamily | None) -> None:
+def validate_request(req: EngineRequest, info: ModelInfo, images: ImageGeometry | None) -> None:
+    """`images`: the family's image geometry, None for a text-only model."""
     """Raises InvalidArgument (or FailedPrecondition for unsupported kinds) when `req` cannot be served."""
     covered = check_request(req, info)
     check_values(req)
-    _check_images(req, info, vision, covered)
+    _check_images(req, info, images, covered)

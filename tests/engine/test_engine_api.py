@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-from engine.embedder import prompt_embeddings
 from engine.llm_engine import Cancelled
 from engine.model_runner import ModelRunner
 from splice.engine_output import FinishReason, Usage
@@ -84,8 +83,8 @@ async def test_first_step_logits_match_hf_forward_on_the_same_inputs_embeds(requ
         x[at:at + 3] = rows
         hf_logits = m.model(inputs_embeds=x[None], **tensors).logits[0, -1].float()  # [vocab]
 
-    runner = ModelRunner(m)  # the engine's own parts, on a private batch
-    logits = runner.prefill([0], [prompt_embeddings(m, req)])[0]
+    runner = ModelRunner(m.family)  # the engine's own parts, on a private batch
+    logits = runner.prefill([0], [m.family.prompt(req)])[0]
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=1e-4)
 
     tokens, outs = await collect(engine, req)
@@ -241,15 +240,14 @@ async def test_a_failure_inside_one_requests_forward_leaves_the_others_running(l
                                                                                 monkeypatch):
     engine = llava_engine
     ids, tensors = image_inputs(tiny_dirs["tiny-llava"])
-    real = engine.m.vision
+    real = engine.m.family.image_features
 
-    class Exploding(type(real)):  # fails for one marked image only: isolates the failure, not the vision
-        def features(self, model, inputs, dtype, device):
-            if float(inputs["pixel_values"].flatten()[0]) == 0.5:
-                raise RuntimeError("vision tower blew up")
-            return real.features(model, inputs, dtype, device)
+    def exploding(inputs):  # fails for one marked image only: isolates the failure, not the vision tower
+        if float(inputs["pixel_values"].flatten()[0]) == 0.5:
+            raise RuntimeError("vision tower blew up")
+        return real(inputs)
 
-    monkeypatch.setattr(engine.m, "vision", Exploding(**real.__dict__))
+    monkeypatch.setattr(engine.m.family, "image_features", exploding)
     bad = {k: v.clone() for k, v in tensors.items()}
     bad["pixel_values"].view(-1)[0] = 0.5
     good_req = with_embed_span(ids, tensors, 1, torch.zeros(2, 64), "good", max_tokens=8)
@@ -291,7 +289,7 @@ async def test_a_prefill_failure_in_a_group_fails_only_that_request(text_engine,
         while calls and engine.num_waiting < 3 and time.monotonic() < deadline:
             time.sleep(0.005)  # hold the first prefill until the other three queue up behind it
         calls.clear()
-        if any(float(p[0, 0]) == poison for p in prompts):
+        if any(float(p.embeds[0, 0]) == poison for p in prompts):
             poisoned_groups.append(len(prompts))
             raise RuntimeError("forward failed")
         return real_prefill(seq_ids, prompts)

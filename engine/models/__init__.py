@@ -1,0 +1,30 @@
+"""Model families: one file per HF architecture family, on the contract in base.py.
+
+Adding a family = one file here + its entry in FAMILIES + a tiny builder entry (app/tiny) + its tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.models.base import ModelFamily, Prompt, StepInputs
+from engine.models.idefics3 import Idefics3
+from engine.models.llava import Llava
+from splice.errors import FailedPrecondition
+
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3)
+
+
+def family_for(config: Any) -> type[ModelFamily]:
+    """The family serving `config`; the plain decoder-only default for text models of any model_type."""
+    model_type = getattr(config, "model_type", "")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    if getattr(config, "vision_config", None) is not None:
+        served = sorted(t for f in FAMILIES for t in f.model_types)
+        raise FailedPrecondition(f"vision model type {model_type!r} is not supported; served: {served}")
+    return ModelFamily
+
+
+__all__ = ["FAMILIES", "ModelFamily", "Prompt", "StepInputs", "family_for"]

@@ -1,0 +1,189 @@
+"""The contract every model family fulfils, with the defaults of a plain decoder-only model.
+
+A family knows one HF architecture: how to load it, what image tensors it accepts and how many feature
+rows they make (checked before any forward), the image features in placeholder order, the merge of text
+rows, image features and supplied rows, the position ids of a prompt and of a decode step, the attention
+masks per layer type, any extra forward inputs, and the cache's row operations (new / join / leave).
+The runner (engine/model_runner.py) only batches: it pads, stacks and asks the family.
+
+Shapes: P = prompt length, rows = sequences in the batch, q = new positions this forward, T = cached +
+new positions (left-padded), D = position_dims (1, or 3 for M-RoPE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from engine.models.padded_cache import PaddedKVCache
+from splice.engine_request import EngineRequest
+from splice.errors import FailedPrecondition, InvalidArgument
+from splice.request_rules import check_finite, check_float_dtype
+
+
+@dataclass
+class Prompt:
+    """One sequence's prompt, merged and ready to prefill."""
+
+    embeds: torch.Tensor  # [P, hidden] in the model dtype: text rows, image features and supplied rows
+    token_ids: torch.Tensor  # [P] long; filler at span positions, the image token at image positions
+    image_mask: torch.Tensor  # [P] bool; positions holding image features
+    span_mask: torch.Tensor  # [P] bool; positions holding supplied prompt_embeds rows
+    positions: torch.Tensor  # [D, P] long position ids
+
+    @property
+    def next_position(self) -> int:
+        """Position id of the first generated token (decode positions continue from max + 1)."""
+        return int(self.positions.max()) + 1
+
+
+@dataclass
+class StepInputs:
+    """What one forward feeds the backbone, already padded and stacked by the runner."""
+
+    token_ids: torch.Tensor  # [rows, q] long (0 at padding)
+    mask: torch.Tensor  # [rows, T] long; 1 = real position, 0 = padding
+    image_mask: torch.Tensor | None  # [rows, q] bool at prefill; None at decode (generated tokens are text)
+    span_mask: torch.Tensor | None  # [rows, q] bool at prefill; None at decode
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    check_float_dtype(t.dtype, name)
+    check_finite(t, name)
+
+
+def check_names(inputs: dict[str, torch.Tensor], accepted: tuple[str, ...], required: tuple[str, ...]) -> None:
+    for name in inputs:
+        if name not in accepted:
+            raise InvalidArgument(f"tensor {name!r} is not an input of this model; expected one of {list(accepted)}")
+    for name in required:
+        if name not in inputs:
+            raise InvalidArgument(f"image inputs without {name!r}; got {sorted(inputs)}")
+
+
+def feature_rows(out: Any) -> torch.Tensor:
+    """get_image_features' answer -> [rows, hidden]. transformers 5 wraps the projected features in a
+    BaseModelOutputWithPooling's pooler_output, as one tensor or one tensor per image."""
+    feats = out.pooler_output if hasattr(out, "pooler_output") else out
+    if isinstance(feats, list | tuple):
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+    return feats.reshape(-1, feats.shape[-1])
+
+
+class ImageGeometry(Protocol):
+    """What a family's image tensors must look like, from its config alone (testable without weights)."""
+
+    def expected_rows(self, inputs: dict[str, torch.Tensor]) -> int:
+        """Feature rows `inputs` make; InvalidArgument naming the tensor when they are malformed."""
+        ...
+
+
+class ModelFamily:
+    """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a padded KV cache."""
+
+    name: ClassVar[str] = "causal-lm"
+    model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
+    position_dims: ClassVar[int] = 1
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = device
+        self.dtype = dtype
+        self.backbone = model.get_decoder()  # the text stack: takes inputs_embeds, returns hidden states
+        self.lm_head = model.get_output_embeddings()  # hidden -> vocabulary logits
+        self.embed = model.get_input_embeddings()  # its rows are ModelInfo.vocab_rows
+        if self.backbone is None or self.lm_head is None or self.embed is None:
+            raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
+        self.cache = PaddedKVCache()
+        # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
+        self.images: ImageGeometry | None = None
+        self._min = torch.finfo(dtype).min
+
+    # --- loading -------------------------------------------------------------------------------------
+
+    @classmethod
+    def load_model(cls, path: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
+        """The HF model named by config.architectures; sdpa takes the 4-D masks the family builds."""
+        import transformers
+
+        arch = (config.architectures or [None])[0]
+        model_cls = getattr(transformers, arch, None) if arch else None
+        if model_cls is None:
+            raise FailedPrecondition(f"{path}: architecture {arch!r} is not a transformers class")
+        return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+
+    @property
+    def text_config(self) -> Any:
+        return self.config.get_text_config()
+
+    @property
+    def image_token_id(self) -> int | None:
+        if not self.accepts_images:
+            return None
+        found = getattr(self.config, "image_token_id", None)
+        return found if found is not None else getattr(self.config, "image_token_index", None)
+
+    @property
+    def accepts_images(self) -> bool:
+        return self.images is not None
+
+    # --- images --------------------------------------------------------------------------------------
+
+    def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[rows, hidden] in placeholder order."""
+        raise FailedPrecondition(f"{self.name} models take no image inputs")
+
+    # --- the prompt ----------------------------------------------------------------------------------
+
+    def prompt(self, req: EngineRequest) -> Prompt:
+        """Lookup of every ID, image features at image-token positions (in order), supplied rows at spans."""
+        ids = torch.tensor(req.token_ids, dtype=torch.long, device=self.device)  # [P]
+        embeds = self.embed(ids).to(self.dtype)  # [P, hidden]
+        span_mask = torch.zeros(len(ids), dtype=torch.bool, device=self.device)
+        for span in req.embed_spans:
+            span_mask[span.offset:span.offset + span.length] = True
+        image_mask = torch.zeros_like(span_mask)
+        inputs = req.model_inputs
+        if inputs:
+            image_mask = (ids == self.image_token_id) & ~span_mask
+            embeds[image_mask] = self.image_features(inputs).to(self.dtype)
+        for span in req.embed_spans:
+            embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
+                                                                                   dtype=self.dtype)
+        positions = self.prompt_positions(ids, image_mask, inputs)
+        return Prompt(embeds, ids, image_mask, span_mask, positions)
+
+    def prompt_positions(self, ids: torch.Tensor, image_mask: torch.Tensor,
+                         inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[D, P] position ids of a prompt: 0..P-1 by default."""
+        return torch.arange(len(ids), device=self.device)[None]
+
+    # --- one forward ---------------------------------------------------------------------------------
+
+    def causal_mask(self, mask: torch.Tensor, q: int, window: int | None = None) -> torch.Tensor:
+        """mask [rows, T] (T includes the q new columns) -> additive [rows, 1, q, T]; `window` limits how far
+        back a query sees (sliding-window layers). The dtype's min, not -inf, keeps padding rows finite."""
+        width = mask.shape[1]
+        key = torch.arange(width, device=mask.device)
+        query = torch.arange(width - q, width, device=mask.device)
+        allowed = key[None, :] <= query[:, None]  # [q, T]
+        if window is not None:
+            allowed &= key[None, :] > query[:, None] - window
+        allowed = allowed[None] & mask[:, None, :].bool()  # [rows, q, T]
+        out = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
+        return out.masked_fill_(~allowed, self._min)[:, None]
+
+    def attention_mask(self, step: StepInputs) -> torch.Tensor | dict[str, torch.Tensor]:
+        """What the backbone takes as attention_mask: one 4-D mask, or one per layer type."""
+        return self.causal_mask(step.mask, step.token_ids.shape[1])
+
+    def forward_kwargs(self, step: StepInputs, embeds: torch.Tensor) -> dict[str, Any]:
+        """Extra backbone inputs computed from the IDs (e.g. Gemma 4's per-layer inputs)."""
+        return {}
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [rows, hidden] -> float logits [rows, vocab]."""
+        return self.lm_head(hidden).float()
