@@ -24,9 +24,19 @@ class _OnThisLoop(uvicorn.Server):
 
 def _listen(host: str, port: int) -> socket.socket:
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.create_server((host, port), family=family, backlog=2048)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        # proto must be IPPROTO_TCP (socket.create_server leaves it 0): asyncio then sets TCP_NODELAY on each
+        # connection. Without it, a response's header and body writes wait out the client's delayed ACK (40 ms).
+        sock = socket.socket(family, kind, proto)
     except OSError as exc:
+        raise FailedPrecondition(f"cannot listen on {host}:{port} (HTTP): {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
         raise FailedPrecondition(f"cannot listen on {host}:{port} (HTTP): {exc.strerror or exc}") from None
     return sock
 
