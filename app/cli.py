@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -44,12 +45,16 @@ def _up(args: argparse.Namespace) -> int:
     if note := noise_note(args.model):
         _say(note)
     engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
-                              preprocessor_port=args.port, echo=None if args.quiet else _say)
+                              preprocessor_port=args.port, http_port=args.http_port,
+                              preprocessor_args=_http_args(args), echo=None if args.quiet else _say)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"splice up: preprocessor (public API) on {pre.address}, engine on {engine.address}. Ctrl-C stops both.",
-          flush=True)
+    if pre.http_address:
+        print(f"http serving on {pre.http_address}", flush=True)
+    http = f", OpenAI-compatible HTTP on http://{pre.http_address}/v1" if pre.http_address else ""
+    print(f"splice up: preprocessor (public API) on {pre.address}{http}, engine on {engine.address}. "
+          f"Ctrl-C stops both.", flush=True)
     try:
         while not stop.wait(0.5):
             for service in (engine, pre):
@@ -60,6 +65,12 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         pre.stop()
         engine.stop()
+
+
+def _http_args(args: argparse.Namespace) -> list[str]:
+    if args.api_key:  # through the environment, not argv: other users can read a process's arguments
+        os.environ["SPLICE_API_KEY"] = args.api_key
+    return ["--allowed-media-domains", *args.allowed_media_domains] if args.allowed_media_domains else []
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -123,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
     p.add_argument("--engine-port", type=int, default=50061)
+    p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
+    p.add_argument("--api-key", default=None, help="HTTP API only: require 'Authorization: Bearer KEY' "
+                   "(default: $SPLICE_API_KEY)")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
+                   help="hosts whose http(s) image URLs the HTTP API may fetch")
     p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
     p.set_defaults(func=_up)
 

@@ -1,7 +1,8 @@
 """Starts the engine and the preprocessor as local processes and waits until they serve.
 
 Used by `splice up`, `splice demo` and the integration tests, so the tests exercise the same start-up
-path users do. Each service prints `<name> serving on HOST:PORT` once it is ready.
+path users do. Each service prints `<name> serving on HOST:PORT` once it is ready; a preprocessor with
+an HTTP face prints `http serving on HOST:PORT` just before.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 READY = re.compile(r"^(engine|preprocessor) serving on (\S+:\d+)\s*$")
+HTTP_READY = re.compile(r"^http serving on (\S+:\d+)\s*$")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Service:
     name: str  # "engine" | "preprocessor"
     proc: subprocess.Popen
     address: str = ""  # HOST:PORT once ready
+    http_address: str = ""  # HOST:PORT of the OpenAI-compatible HTTP face, if it serves one
     output: list[str] = field(default_factory=list)  # every line the process printed
 
     @property
@@ -65,7 +68,9 @@ def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, 
             line = line.rstrip("\n")
             service.output.append(line)
             match = READY.match(line)
-            if match and match.group(1) == name and not ready.is_set():
+            if http := HTTP_READY.match(line):
+                service.http_address = http.group(1)
+            elif match and match.group(1) == name and not ready.is_set():
                 service.address = match.group(2)
                 ready.set()
             elif echo:
@@ -98,15 +103,18 @@ def wait_healthy(address: str, timeout: float = 120.0) -> None:
 
 
 def start_stack(model: str, *, host: str = "127.0.0.1", engine_port: int = 0, preprocessor_port: int = 0,
-                engine_args: Sequence[str] = (), preprocessor_args: Sequence[str] = (),
-                echo: Callable[[str], None] | None = None) -> tuple[Service, Service]:
-    """Engine first (healthy), then a preprocessor pointed at it (healthy)."""
+                http_port: int | None = None, engine_args: Sequence[str] = (),
+                preprocessor_args: Sequence[str] = (), echo: Callable[[str], None] | None = None,
+                ) -> tuple[Service, Service]:
+    """Engine first (healthy), then a preprocessor pointed at it (healthy). `http_port`: the preprocessor
+    also serves the HTTP API there (0: a free port; its address is `pre.http_address`)."""
     engine = start("engine", ["--model", model, "--host", host, "--port", str(engine_port), *engine_args],
                    echo=echo)
     try:
         wait_healthy(engine.address)
+        http = ["--http-port", str(http_port)] if http_port is not None else []
         pre = start("preprocessor", ["--engine", engine.address, "--host", host, "--port", str(preprocessor_port),
-                                     *preprocessor_args], echo=echo)
+                                     *http, *preprocessor_args], echo=echo)
         wait_healthy(pre.address)
     except BaseException:
         engine.stop()

@@ -15,4 +15,7 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
   engine_link.py the engine connection: watches the engine, holds the current core, readiness;
                  engine_client.py its Generate / GetModelInfo calls
   servicer.py / server.py / cli.py   the grpc.aio shell (wiring only); metrics.py its Prometheus metrics
+  http/          the OpenAI-compatible HTTP face (FastAPI + uvicorn on the same event loop and engine link):
+                 schemas.py bodies -> convert.py content dataclasses -> the same core calls -> responses.py
+                 JSON / streaming.py SSE; errors.py maps each SpliceError code to one HTTP status
 """

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 
+from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from splice.service_main import Resolve, run_service
 
@@ -32,6 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="also serve the OpenAI-compatible HTTP API on --host at this port (0: a free one); "
+                             "default off")
+    parser.add_argument("--api-key", default=None,
+                        help="HTTP API only: require 'Authorization: Bearer KEY' (default: $SPLICE_API_KEY)")
+    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
+                        help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
+    parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
+                        help="seconds to fetch one remote image")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -39,6 +50,13 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
                   max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
                   max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir)
+
+
+def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
+    if args.http_port is None:
+        return None
+    return HttpOptions(port=args.http_port, api_key=args.api_key or os.environ.get("SPLICE_API_KEY") or None,
+                       allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
@@ -50,7 +68,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
-                                resolve=resolve)
+                                resolve=resolve, http=http_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -62,6 +80,8 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
+            if server.http_port is not None:  # before the ready line: the launcher reads both by then
+                print(f"http serving on {args.host}:{server.http_port}", flush=True)
             print(f"preprocessor serving on {args.host}:{port}", flush=True)
             await stopped
         ready.cancel()
@@ -72,6 +92,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
 def run(args: argparse.Namespace, resolve: Resolve) -> int:
     try:
         limits_from_args(args)
+        http_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""grpc.aio server of splice.v1.Preprocessor: wiring only (interceptors, servicer, health, reflection).
+"""grpc.aio server of splice.v1.Preprocessor: wiring only (interceptors, servicer, health, reflection),
+and beside it, on the same event loop and the same engine link, the OpenAI-compatible HTTP face (http/).
 
 The engine connection is engine_link.py's: health follows the link's readiness (NOT_SERVING until the
 engine's ModelInfo was fetched and the model files are loaded, and while the engine is gone).
@@ -14,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
+from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.servicer import PreprocessorServicer
 from splice.grpc_errors import ErrorInterceptor
@@ -30,13 +32,18 @@ MAX_RECEIVE_BYTES = 512 << 20
 class PreprocessorServer:
     def __init__(self, *, engine: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, core: PreprocessorCore | None = None,
-                 poll_interval: float = 2.0, resolve: Resolve | None = None) -> None:
-        """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied)."""
+                 poll_interval: float = 2.0, resolve: Resolve | None = None, http: HttpOptions | None = None,
+                 ) -> None:
+        """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied).
+        `http`: also serve the OpenAI-compatible API (off when None)."""
         self.host, self.port = host, port
+        self.http_port: int | None = None  # bound HTTP port once started
         self.link = EngineLink(target=engine, core=core, model=model, limits=limits, poll_interval=poll_interval,
                                resolve=resolve)
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._http_options = http
+        self._http = None
 
     @property
     def ready(self) -> asyncio.Event:
@@ -51,6 +58,12 @@ class PreprocessorServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         self.port = bind(server, self.host, self.port)
+        if self._http_options is not None:
+            from preprocessor.http.app import build_app  # FastAPI is imported only when the face is on
+            from preprocessor.http.server import HttpServer
+
+            self._http = HttpServer(build_app(self.link, self._http_options), self.host, self._http_options.port)
+            self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
         self._server = server
@@ -68,6 +81,8 @@ class PreprocessorServer:
 
     async def stop(self, grace: float = 2.0) -> None:
         await self._health.enter_graceful_shutdown()
+        if self._http is not None:
+            await self._http.stop()
         if self._server is not None:
             await self._server.stop(grace)
         await self.link.stop()  # after the grace period: running streams still need the engine channel

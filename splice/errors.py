@@ -22,6 +22,12 @@ class InvalidArgument(SpliceError):
     code = "INVALID_ARGUMENT"
 
 
+class NotFound(SpliceError):
+    """The request names something this server does not have (e.g. another model)."""
+
+    code = "NOT_FOUND"
+
+
 class FailedPrecondition(SpliceError):
     """The request is well formed but this deployment cannot serve it (e.g. images on a text model)."""
 

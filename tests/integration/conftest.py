@@ -42,3 +42,61 @@ def mixed_messages(model_dir):
         {"type": "prompt_embeds", "prompt_embeds": embedding_rows(model_dir, [10, 11, 12, 13, 14, 15, 16])},
         {"type": "text", "text": " Describe it."},
     ]}]
+
+
+API_KEY = "test-key"
+
+
+@pytest.fixture(scope="session")
+def media_root(tmp_path_factory):
+    """Files for the HTTP face's image URLs: served over loopback (http:) and allowed locally (file:)."""
+    root = tmp_path_factory.mktemp("media")
+    sample_picture(80, 40).save(root / "pic.png")
+    (root / "big.bin").write_bytes(b"\x89PNG" + b"\0" * HTTP_MAX_IMAGE_BYTES)
+    return root
+
+
+HTTP_MAX_IMAGE_BYTES = 256 * 1024
+HTTP_MEDIA_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="session")
+def media_server(media_root):
+    """A loopback http.server over media_root; `/slow` answers after longer than the fetch time limit."""
+    import functools
+    import threading
+    import time
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(HTTP_MEDIA_TIMEOUT * 2)
+            return super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(media_root)))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def http_stack(tiny_dirs, media_root):
+    """One engine + preprocessor with the HTTP face (API key, loopback media, engine metrics) for the HTTP tests.
+    The key reaches the preprocessor through SPLICE_API_KEY, as users set it; only its process sees it."""
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"SPLICE_API_KEY": API_KEY}):
+        engine, pre = start_stack(
+            MODEL, http_port=0, engine_args=["--max-running-seqs", "4", "--metrics-port", "0"],
+            preprocessor_args=["--allowed-media-domains", "127.0.0.1", "--allowed-media-dir", str(media_root),
+                               "--max-image-bytes", str(HTTP_MAX_IMAGE_BYTES),
+                               "--media-fetch-timeout", str(HTTP_MEDIA_TIMEOUT)])
+    yield engine, pre
+    pre.stop()
+    engine.stop()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import torch
 from safetensors.torch import save_file
@@ -23,9 +25,10 @@ def _free_port() -> int:
 
 
 def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
-    port, engine_port = _free_port(), _free_port()
+    port, engine_port, http_port = _free_port(), _free_port(), _free_port()
     up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--model", MODEL, "--port", str(port),
-                           "--engine-port", str(engine_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           "--engine-port", str(engine_port), "--http-port", str(http_port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=os.environ.copy())
     try:
         lines = []
@@ -37,6 +40,9 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
             assert time.monotonic() < deadline, "".join(lines)
         assert f"127.0.0.1:{port}" in lines[-1] and f"127.0.0.1:{engine_port}" in lines[-1], "".join(lines)
         assert any("noise" in line for line in lines), "the random-weights note is shown once"
+        assert f"http serving on 127.0.0.1:{http_port}\n" in lines, "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/models", timeout=30) as resp:
+            assert json.load(resp)["data"][0]["id"] == MODEL
 
         image = tmp_path / "pic.png"
         sample_picture().save(image)
@@ -54,7 +60,7 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
 
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
-        for p in (port, engine_port):  # both services are gone
+        for p in (port, engine_port, http_port):  # both services are gone
             with socket.socket() as s:
                 assert s.connect_ex(("127.0.0.1", p)) != 0
     finally:

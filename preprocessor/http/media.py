@@ -1,0 +1,56 @@
+"""Remote images: http(s) URLs fetched only from allowed hosts, within the image size cap and a time limit.
+
+Fetched on the event loop (httpx, async) before conversion, all of a request's URLs at once; redirects
+are not followed, so an allowed host cannot send the fetch elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlparse
+
+import httpx
+
+from preprocessor.content import Where
+from preprocessor.http.options import HttpOptions
+from splice.errors import FailedPrecondition, InvalidArgument
+
+
+async def fetch_images(urls: list[tuple[Where, str]], options: HttpOptions, max_bytes: int) -> dict[Where, bytes]:
+    if not urls:
+        return {}
+    for where, url in urls:
+        _check_allowed(url, where, options)
+    async with httpx.AsyncClient(follow_redirects=False, timeout=options.media_timeout, trust_env=False) as client:
+        blobs = await asyncio.gather(*(_fetch(client, url, where, options.media_timeout, max_bytes)
+                                       for where, url in urls))
+    return {where: blob for (where, _), blob in zip(urls, blobs, strict=True)}
+
+
+def _check_allowed(url: str, where: Where, options: HttpOptions) -> None:
+    if not options.allowed_media_domains:
+        raise FailedPrecondition(f"{where}: remote image URLs are disabled; start the preprocessor with "
+                                 f"--allowed-media-domains to allow hosts")
+    host = (urlparse(url).hostname or "").lower()
+    if host not in options.allowed_media_domains:
+        raise InvalidArgument(f"{where}: image host {host!r} is not in --allowed-media-domains")
+
+
+async def _fetch(client: httpx.AsyncClient, url: str, where: Where, timeout: float, max_bytes: int) -> bytes:
+    try:
+        async with asyncio.timeout(timeout), client.stream("GET", url) as resp:
+            if resp.status_code != 200:
+                raise InvalidArgument(f"{where}: fetching the image returned HTTP {resp.status_code}")
+            declared = resp.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                raise InvalidArgument(f"{where}: image is {declared} bytes, larger than {max_bytes} bytes")
+            blob = bytearray()
+            async for piece in resp.aiter_bytes():
+                blob += piece
+                if len(blob) > max_bytes:
+                    raise InvalidArgument(f"{where}: image is larger than {max_bytes} bytes")
+            return bytes(blob)
+    except TimeoutError:
+        raise InvalidArgument(f"{where}: fetching the image took longer than {timeout:g}s") from None
+    except httpx.HTTPError as exc:
+        raise InvalidArgument(f"{where}: fetching the image failed ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,20 @@
+"""How the HTTP face is configured: port, API key, remote media policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    port: int = 8000  # 0 picks a free port; the host is the preprocessor's --host
+    api_key: str | None = None  # when set, every /v1, /tokenize and /detokenize request needs "Bearer KEY"
+    allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) image URLs may be fetched from; empty: none
+    media_timeout: float = 10.0  # seconds for one remote image, connect to last byte
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--http-port must be in [0, 65535], got {self.port}")
+        if self.media_timeout <= 0:
+            raise ValueError(f"--media-fetch-timeout must be > 0, got {self.media_timeout}")
+        object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in self.allowed_media_domains))

@@ -1,0 +1,114 @@
+"""Request bodies of the OpenAI-compatible API, in vLLM's shapes (pydantic; validated before the core sees them).
+
+Unknown fields are ignored, as OpenAI's and vLLM's servers do, so tools that send `user` or `metadata`
+work. Fields we cannot honour are accepted only at their neutral value (see convert.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Body):
+    url: str  # data:image/...;base64,..., http(s)://... (allowed domains only), file:/// (allowed dir only)
+    detail: str | None = None  # accepted, ignored
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class PromptEmbedsPart(_Body):
+    type: Literal["prompt_embeds"]
+    # vLLM's encoding: base64 of torch.save(tensor) [n, hidden]; or "safetensors:" + base64 of a
+    # safetensors file holding exactly one tensor.
+    data: str
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart | PromptEmbedsPart, Field(discriminator="type")]
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class GenerationFields(_Body):
+    """Fields both generation endpoints share (OpenAI's and vLLM's extras)."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's extras
+    top_k: int | None = None  # -1 or 0 = off
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    request_id: str | None = None
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+
+class CompletionRequest(GenerationFields):
+    # text, token IDs, or a one-element list of either (OpenAI's batch form, one prompt only)
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None
+    prompt_embeds: str | list[str] | None = None  # vLLM: base64 of torch.save(tensor); "safetensors:" + base64
+    logprobs: int | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
+    echo: bool = False
+    suffix: str | None = None
+
+
+class TokenizeCompletionRequest(_Body):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Body):
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+TokenizeRequest = TokenizeChatRequest | TokenizeCompletionRequest
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,70 @@
+"""uvicorn serving the HTTP face on the running event loop (the gRPC server's): a task, not a thread.
+
+The socket is bound here, so port 0 yields its real port and a busy port is a one-line start-up error.
+uvicorn's own signal handling is off: the preprocessor's entry point owns SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+
+from splice.errors import FailedPrecondition
+
+
+class _OnThisLoop(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        # proto must be IPPROTO_TCP (socket.create_server leaves it 0): asyncio then sets TCP_NODELAY on each
+        # connection. Without it, a response's header and body writes wait out the client's delayed ACK (40 ms).
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot listen on {host}:{port} (HTTP): {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise FailedPrecondition(f"cannot listen on {host}:{port} (HTTP): {exc.strerror or exc}") from None
+    return sock
+
+
+class HttpServer:
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._app = app
+        self._server: _OnThisLoop | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        """Binds and serves; returns the bound port."""
+        sock = _listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None, log_level="warning",
+                                timeout_keep_alive=30, timeout_graceful_shutdown=5)
+        self._server = _OnThisLoop(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
+        while not self._server.started:
+            if self._task.done():  # startup failed: surface its error
+                await self._task
+                raise FailedPrecondition(f"the HTTP server on {self.host}:{self.port} did not start")
+            await asyncio.sleep(0.01)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
