@@ -1,8 +1,9 @@
 """Writes the tiny checkpoints: deterministic from (BUILDER_VERSION, seed), cached on disk.
 
-Each is a real HF architecture with random weights and `vocab_size == len(tokenizer)`: no headroom,
-so a sentinel registered on top of the tokenizer always overflows the embedding table, exactly the
-SmolVLM-256M situation Splice exists for.
+Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
+`vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
+embedding table, exactly the SmolVLM-256M situation Splice exists for; those marked `headroom` (Gemma 3) pad
+the table past the tokenizer, so a sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ TEXT = dict(
 # Vision towers: 32x32 pixels in 8x8 patches = 16 patches per image (or tile).
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
               image_size=32, patch_size=8)
+# Gemma 3: a 4x4-patch image average-pooled to 2x2 soft tokens; sliding layers see the last 8 positions.
+GEMMA3_TOKENS_PER_IMAGE = 4
+GEMMA3_SLIDING_WINDOW = 8
 IDEFICS3_SPECIALS = (
     ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -143,11 +147,63 @@ def _build_idefics3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+def _build_gemma3(out: Path) -> None:
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessorPil,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    named = dict(boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>")
+    tok = build_tokenizer(["<start_of_turn>", "<end_of_turn>", *named.values()], templates.GEMMA3, named)
+    ids = {k: tok.convert_tokens_to_ids(v) for k, v in named.items()}
+    head_dim = TEXT["hidden_size"] // TEXT["num_attention_heads"]
+    text = dict(_text_config_kwargs(tok), vocab_size=_with_headroom(len(tok)), head_dim=head_dim,
+                query_pre_attn_scalar=head_dim, tie_word_embeddings=True,
+                # Sliding layers then a global one, like Gemma 3's 5:1 pattern; the window is shorter than the
+                # test prompts (so it matters) and longer than one image's soft tokens.
+                sliding_window=GEMMA3_SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"])
+    config = Gemma3Config(
+        vision_config=SiglipVisionConfig(**VISION, vision_use_head=False),  # Gemma 3 reads the patch states
+        text_config=Gemma3TextConfig(**text),
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    model = Gemma3ForConditionalGeneration(config)
+    # HF initializes the projection to zeros (every image would be blank soft tokens): random instead, so that
+    # the soft tokens have the scale of the scaled text rows (initializer_range * sqrt(hidden)).
+    scale = config.text_config.initializer_range * (TEXT["hidden_size"] / VISION["hidden_size"]) ** 0.5
+    torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=scale)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")]
+    side = VISION["image_size"]
+    image_processor = Gemma3ImageProcessorPil(size={"height": side, "width": side}, do_pan_and_scan=False)
+    processor = Gemma3Processor(image_processor=image_processor, tokenizer=tok,
+                                image_seq_length=GEMMA3_TOKENS_PER_IMAGE, chat_template=templates.GEMMA3)
+    assert len(processor.tokenizer) < config.text_config.vocab_size, "Gemma 3's table has headroom"
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
+def _with_headroom(n: int) -> int:
+    """The next multiple of 64 above n: gemma-3-4b-it has 262,145 tokens and 262,208 embedding rows."""
+    return (n // 64 + 1) * 64
+
+
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # "text" | "llava" | "idefics3"
+    family: str  # "text" | "llava" | "idefics3" | "gemma3"
     build: Callable[[Path], None]
+    # vocab_size > len(tokenizer), as in the real model: a sentinel lands inside the table (and must still never
+    # reach the engine). False: vocab_size == len(tokenizer), a sentinel overflows it.
+    headroom: bool = False
 
 
 TINY_MODELS: dict[str, TinyModel] = {
@@ -156,6 +212,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
+        TinyModel("tiny-gemma3", "gemma3", _build_gemma3, headroom=True),
     )
 }
 

@@ -16,8 +16,10 @@ BASE_SPECIALS = [PAD, BOS, "<|im_start|>", EOS, "<|endoftext|>"]
 MERGE_BUDGET = 400
 
 
-def build_tokenizer(extra_specials: list[str], chat_template: str) -> PreTrainedTokenizerFast:
-    """A fast tokenizer whose specials are BASE_SPECIALS + extra_specials (all single tokens)."""
+def build_tokenizer(extra_specials: list[str], chat_template: str,
+                    named: dict[str, str] | None = None) -> PreTrainedTokenizerFast:
+    """A fast tokenizer whose specials are BASE_SPECIALS + extra_specials (all single tokens). `named` gives some
+    of them the attribute names a processor reads (Gemma's `tokenizer.boi_token`, `tokenizer.image_token`)."""
     specials = BASE_SPECIALS + [s for s in extra_specials if s not in BASE_SPECIALS]
     core = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -39,5 +41,6 @@ def build_tokenizer(extra_specials: list[str], chat_template: str) -> PreTrained
         chat_template=chat_template,
         model_max_length=2048,
         clean_up_tokenization_spaces=False,
+        **(named or {}),
     )
     return tok
