@@ -74,8 +74,27 @@ class FamilyCase:
             return model(inputs_embeds=embeds[None], **tensors).logits[0, -1].float()
 
 
+def image_token_types(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """[1, P] long: 1 at image soft tokens, the `token_type_ids` Gemma 3's processor returns beside the IDs."""
+    return (torch.tensor([ids]) == model.config.image_token_id).long()
+
+
+@dataclass(frozen=True)
+class Gemma3Case(FamilyCase):
+    """HF's bidirectional attention inside each image comes from `token_type_ids`: pass them as its processor does."""
+
+    def hf_generate(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor],
+                    n: int) -> list[int]:
+        return super().hf_generate(model, ids, {**tensors, "token_type_ids": image_token_types(model, ids)}, n)
+
+    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super().hf_first_logits(model, ids, embeds, {**tensors, "token_type_ids": image_token_types(model, ids)})
+
+
 CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-text", images=False),
     FamilyCase("tiny-llava"),
     FamilyCase("tiny-idefics3"),
+    Gemma3Case("tiny-gemma3"),
 )
