@@ -39,7 +39,8 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
-def _load_processor(path: str) -> Any:
+def load_processor(path: str | Path) -> Any:
+    """The model's processor with PIL image processors: AutoProcessor, else built from its loadable parts."""
     from transformers import AutoProcessor
 
     try:
@@ -64,7 +65,7 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
         if has_processor:
             # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
             # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = _load_processor(path)
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(
