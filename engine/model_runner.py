@@ -92,7 +92,7 @@ class ModelRunner:
         f = self.family
         assert b is not None and len(tokens) == len(b.seq_ids)
         ids = torch.tensor(tokens, dtype=torch.long, device=f.device)[:, None]  # [rows, 1]
-        embeds = f.embed(ids).to(f.dtype)  # [rows, 1, hidden]
+        embeds = f.lookup(ids)  # [rows, 1, hidden]
         mask = torch.cat([b.mask, b.mask.new_ones(len(tokens), 1)], dim=1)  # [rows, T + 1]
         positions = b.positions[None, :, None].expand(f.position_dims, -1, 1)  # [D, rows, 1]
         logits = self._forward(embeds, StepInputs(ids, mask, None, None), positions, b.cache)

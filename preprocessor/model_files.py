@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from preprocessor.processor_parts import load_processor_from_parts
 from preprocessor.sentinel import MAX_EMBEDS_PARTS, Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
@@ -38,10 +39,24 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
+def load_processor(path: str | Path) -> Any:
+    """The model's processor with PIL image processors: AutoProcessor, else built from its loadable parts."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+    except Exception as exc:  # e.g. a part needs torchvision: build the processor from the parts that load
+        if not (Path(path) / "processor_config.json").exists():
+            raise
+        log.info("%s: AutoProcessor failed (%s: %s); building the processor from its loadable parts", path,
+                 type(exc).__name__, exc)
+        return load_processor_from_parts(path)
+
+
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = str(path)
     processor = None
@@ -50,7 +65,7 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
         if has_processor:
             # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
             # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -17,6 +18,8 @@ from transformers import (
 
 from app.tiny import BUILDER_VERSION, TINY_MODELS, ensure, model_dir
 from app.tiny.builder import MARKER
+from preprocessor.model_files import load_processor
+from preprocessor.processor_parts import load_processor_from_parts
 
 
 def _picture(w: int, h: int) -> Image.Image:
@@ -50,10 +53,10 @@ def test_text_model_forward(tiny_dirs):
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-gemma3"])
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4"])
 def test_vision_model_forward(tiny_dirs, name):
     path = tiny_dirs[name]
-    processor = AutoProcessor.from_pretrained(path, backend="pil")
+    processor = load_processor(path)
     model = AutoModelForImageTextToText.from_pretrained(path).eval()
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
@@ -71,6 +74,20 @@ def test_vision_model_forward(tiny_dirs, name):
         positions = [i for i, t in enumerate(ids) if t == image_token_id]
         assert positions[-1] - positions[0] + 1 > n_image_tokens, "image tokens are not contiguous"
         assert inputs.pixel_values.shape[1] > 1
+
+
+def test_gemma4_processor_is_built_from_its_parts_without_torchvision(tiny_dirs):
+    """Gemma4Processor takes a video processor, which needs torchvision: the folder has none, AutoProcessor cannot
+    build one without torchvision, and the processor's own class is built from its other parts instead."""
+    path = tiny_dirs["tiny-gemma4"]
+    if importlib.util.find_spec("torchvision") is None:
+        with pytest.raises(Exception):  # noqa: B017 - whichever error transformers raises for the missing part
+            AutoProcessor.from_pretrained(path, backend="pil")
+    processor = load_processor_from_parts(path)
+    assert type(processor).__name__ == "Gemma4Processor" and processor.video_processor is None
+    assert type(processor.image_processor).__name__ == "Gemma4ImageProcessorPil"
+    assert len(processor.tokenizer) == AutoConfig.from_pretrained(path).text_config.vocab_size
+    assert processor.image_token == "<|image|>" and processor.boi_token == "<|image>"
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

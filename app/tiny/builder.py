@@ -46,6 +46,10 @@ VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_att
 # Gemma 3: a 4x4-patch image average-pooled to 2x2 soft tokens; sliding layers see the last 8 positions.
 GEMMA3_TOKENS_PER_IMAGE = 4
 GEMMA3_SLIDING_WINDOW = 8
+# Gemma 4's named specials (its processor reads them off the tokenizer) and the others its template and processor use.
+GEMMA4_NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+GEMMA4_SPECIALS = ["<|turn>", "<turn|>", "<|video|>"]
 IDEFICS3_SPECIALS = (
     ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -194,12 +198,73 @@ def _build_gemma3(out: Path) -> None:
 def _with_headroom(n: int) -> int:
     """The next multiple of 64 above n: gemma-3-4b-it has 262,145 tokens and 262,208 embedding rows."""
     return (n // 64 + 1) * 64
+def _build_gemma4(out: Path) -> None:
+    """E2B-style: per-layer inputs, sliding and full layers (window 8, so tests pass it), the last layers reusing
+    earlier layers' keys/values, final logit softcapping, and images of a variable number of soft tokens."""
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4ImageProcessorPil,
+        Gemma4Processor,
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+    )
+
+    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
+
+    tok = build_tokenizer(GEMMA4_SPECIALS, templates.GEMMA4, named=GEMMA4_NAMED)
+    layers = 5
+    text_config = Gemma4TextConfig(
+        **{k: v for k, v in _text_config_kwargs(tok).items() if k not in ("num_hidden_layers", "tie_word_embeddings")},
+        num_hidden_layers=layers,
+        head_dim=16,
+        global_head_dim=32,  # full-attention layers have their own head size
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=8,
+        num_kv_shared_layers=2,  # layers 3-4 reuse the keys/values of layers 1 (sliding) and 2 (full)
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=len(tok),
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=True,
+    )
+    patch, pooling = 4, 3
+    vision_config = Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=patch,
+                                       pooling_kernel_size=pooling, position_embedding_size=64)
+    token = tok.convert_tokens_to_ids
+    config = Gemma4Config(
+        text_config=text_config,
+        vision_config=vision_config,
+        audio_config=None,
+        image_token_id=token("<|image|>"),
+        boi_token_id=token("<|image>"),
+        eoi_token_id=token("<image|>"),
+        video_token_id=token("<|video|>"),
+        audio_token_id=token("<|audio|>"),
+        boa_token_id=token("<|audio>"),
+        eoa_token_index=token("<audio|>"),
+        tie_word_embeddings=True,
+    )
+    model = Gemma4ForConditionalGeneration(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, token("<turn|>")]
+    # 70 soft tokens at most (the smallest budget Gemma 4 allows), each pooling 3x3 patches of 4 px: a picture
+    # is resized to keep its aspect ratio within 630 patches, so its soft-token count varies with its shape.
+    image_processor = Gemma4ImageProcessorPil(patch_size=patch, max_soft_tokens=70, pooling_kernel_size=pooling)
+    # No video processor: Gemma 4's needs torchvision (the preprocessor builds the processor without it too).
+    processor = without_missing_parts(Gemma4Processor)(
+        feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=image_processor, tokenizer=tok,
+        video_processor=None, chat_template=templates.GEMMA4, image_seq_length=70)
+    assert len(processor.tokenizer) == text_config.vocab_size, "processor added tokens"
+    model.save_pretrained(out)
+    save_without_missing_parts(processor, out)
 
 
 @dataclass(frozen=True)
 class TinyModel:
     name: str
     family: str  # "text" | "llava" | "idefics3" | "gemma3"
+    family: str  # "text" | "llava" | "idefics3" | "gemma4"
     build: Callable[[Path], None]
     # vocab_size > len(tokenizer), as in the real model: a sentinel lands inside the table (and must still never
     # reach the engine). False: vocab_size == len(tokenizer), a sentinel overflows it.
@@ -213,6 +278,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
         TinyModel("tiny-gemma3", "gemma3", _build_gemma3, headroom=True),
+        TinyModel("tiny-gemma4", "gemma4", _build_gemma4),
     )
 }
 

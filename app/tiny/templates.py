@@ -82,3 +82,19 @@ GEMMA3 = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
 )
+
+# Gemma 4 style: "<bos><|turn>user\n...<turn|>\n<|turn>model\n", the assistant's role written "model", an image
+# as "<|image|>" (the processor wraps it in "<|image>" ... "<image|>" and repeats it per soft token).
+GEMMA4 = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<turn|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
+)

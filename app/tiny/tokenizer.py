@@ -18,8 +18,10 @@ MERGE_BUDGET = 400
 
 def build_tokenizer(extra_specials: list[str], chat_template: str,
                     named: dict[str, str] | None = None) -> PreTrainedTokenizerFast:
-    """A fast tokenizer whose specials are BASE_SPECIALS + extra_specials (all single tokens). `named` gives some
-    of them the attribute names a processor reads (Gemma's `tokenizer.boi_token`, `tokenizer.image_token`)."""
+    """A fast tokenizer whose specials are BASE_SPECIALS + extra_specials + named's values (all single tokens).
+    `named` gives some of them attribute names (e.g. {"image_token": "<|image|>"} -> tok.image_token), as real
+    tokenizers whose processors read them (Gemma 4) do."""
+    extra_specials = extra_specials + [s for s in (named or {}).values() if s not in extra_specials]
     specials = BASE_SPECIALS + [s for s in extra_specials if s not in BASE_SPECIALS]
     core = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -37,7 +39,8 @@ def build_tokenizer(extra_specials: list[str], chat_template: str,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        extra_special_tokens=[s for s in specials if s not in (BOS, EOS, PAD)],
+        # Named specials replace the plain list (one or the other); the unnamed ones stay special tokens all the same.
+        extra_special_tokens=named or [s for s in specials if s not in (BOS, EOS, PAD)],
         chat_template=chat_template,
         model_max_length=2048,
         clean_up_tokenization_spaces=False,

@@ -9,11 +9,12 @@ from typing import Any
 
 from engine.models.base import ModelFamily, Prompt, StepInputs
 from engine.models.gemma3 import Gemma3
+from engine.models.gemma4 import Gemma4
 from engine.models.idefics3 import Idefics3
 from engine.models.llava import Llava
 from splice.errors import FailedPrecondition
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3)
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4)
 
 
 def family_for(config: Any) -> type[ModelFamily]:

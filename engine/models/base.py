@@ -130,6 +130,10 @@ class ModelFamily:
     def accepts_images(self) -> bool:
         return self.images is not None
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token IDs [...] -> their input rows [..., hidden] in the model dtype (prompt and decode steps alike)."""
+        return self.embed(ids).to(self.dtype)
+
     # --- images --------------------------------------------------------------------------------------
 
     def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -141,7 +145,7 @@ class ModelFamily:
     def prompt(self, req: EngineRequest) -> Prompt:
         """Lookup of every ID, image features at image-token positions (in order), supplied rows at spans."""
         ids = torch.tensor(req.token_ids, dtype=torch.long, device=self.device)  # [P]
-        embeds = self.embed(ids).to(self.dtype)  # [P, hidden]
+        embeds = self.lookup(ids)  # [P, hidden]
         span_mask = torch.zeros(len(ids), dtype=torch.bool, device=self.device)
         for span in req.embed_spans:
             span_mask[span.offset:span.offset + span.length] = True

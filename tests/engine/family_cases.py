@@ -27,7 +27,7 @@ def chat_prompt(processor: Any, text: str, images: int) -> str:
     return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
 
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,19 @@ class Gemma3Case(FamilyCase):
     def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
                         tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         return super().hf_first_logits(model, ids, embeds, {**tensors, "token_type_ids": image_token_types(model, ids)})
+@dataclass(frozen=True)
+class Gemma4Case(FamilyCase):
+    """Gemma 4 reads the IDs as well as the rows (per-layer inputs): HF's forward from inputs_embeds needs them."""
+
+    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """HF's forward on the same inputs_embeds and the per-layer inputs of the same IDs, with the pad at image
+        positions as HF's own forward from input_ids puts it (span positions hold the preprocessor's filler)."""
+        text = torch.tensor(ids)
+        text = torch.where(text == model.config.image_token_id, model.config.text_config.pad_token_id, text)
+        with torch.inference_mode():
+            per_layer = model.model.language_model.get_per_layer_inputs(text[None])
+            return model(inputs_embeds=embeds[None], per_layer_inputs=per_layer, **tensors).logits[0, -1].float()
 
 
 CASES: tuple[FamilyCase, ...] = (
@@ -97,4 +110,9 @@ CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-llava"),
     FamilyCase("tiny-idefics3"),
     Gemma3Case("tiny-gemma3"),
+    Gemma4Case("tiny-gemma4", embeds_act_as_text=False, equivalence_note=(
+        "Gemma 4 adds per-layer inputs looked up from the token IDs, and positions with supplied rows take the pad "
+        "ID's, so a text's rows sent as prompt_embeds are not the text. What holds instead (tests/engine/"
+        "test_gemma4.py): the engine equals HF's forward and greedy continuation given the same inputs_embeds and "
+        "the same IDs with the pad at the supplied positions.")),
 )

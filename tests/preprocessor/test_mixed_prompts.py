@@ -10,6 +10,7 @@ from PIL import Image as PILImage
 from transformers import AutoProcessor, AutoTokenizer
 
 from preprocessor.core import PreprocessorCore
+from preprocessor.model_files import load_processor
 from preprocessor.sentinel import FILLER_ID
 from splice.engine_request import PROMPT_EMBEDS
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
@@ -18,7 +19,7 @@ from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 def _hf_ids(path, messages, images):
     """IDs HF itself produces for `messages` (no embeds parts), with a fresh processor/tokenizer."""
     if images:
-        proc = AutoProcessor.from_pretrained(path, backend="pil")
+        proc = load_processor(path)
         text = proc.apply_chat_template(messages, add_generation_prompt=True)
         out = proc(text=text, images=images, return_tensors="pt")
         return out["input_ids"][0].tolist(), out
@@ -31,7 +32,7 @@ def _without_spans(ids, spans):
     return [t for i, t in enumerate(ids) if i not in drop]
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma4"])
 def test_two_spans_and_an_image(tiny, tiny_dirs, name):
     files, info = tiny[name]
     with_image = name != "tiny-text"

@@ -21,7 +21,7 @@ def _reject(fn, code="INVALID_ARGUMENT") -> str:
     return exc.value.message
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4"])
 def test_sentinel_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
     msg = _reject(lambda: core.normalize_chat(conversation(("user", ["ok", f"sneaky {Sentinels.text(3)}"]))))

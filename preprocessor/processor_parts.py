@@ -1,0 +1,62 @@
+"""A processor built from the parts that can be built without torchvision.
+
+transformers 5 processors of some families take a video processor (Gemma 4, Qwen2-VL, ...) that needs torchvision,
+which Splice never requires, so `AutoProcessor.from_pretrained` cannot load them here. Chats with images need only
+the tokenizer and the (PIL) image processor: this builds the model's own processor class with every other part
+that cannot be built left out (None). Its text and image handling is the processor's own code, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# The parts a chat with images cannot do without; any other part may be left out.
+REQUIRED = ("tokenizer", "image_processor")
+
+
+def without_missing_parts(cls: type) -> type:
+    """`cls` accepting None for a part (its type is checked only when the part is there)."""
+
+    def check_argument_for_proper_class(self: Any, name: str, arg: Any) -> Any:
+        return None if arg is None else cls.check_argument_for_proper_class(self, name, arg)
+
+    return type(cls.__name__, (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class})
+
+
+def save_without_missing_parts(processor: Any, out: Path) -> None:
+    """processor.save_pretrained for a processor with parts left out (save_pretrained needs every part): the
+    tokenizer in its own files, the other parts' settings inside processor_config.json, the template beside."""
+    processor.tokenizer._set_processor_class(type(processor).__name__)
+    processor.tokenizer.save_pretrained(out)
+    if isinstance(processor.chat_template, str):
+        (out / "chat_template.jinja").write_text(processor.chat_template)
+    processor.to_json_file(out / "processor_config.json")
+
+
+def _part(name: str, path: str) -> Any:
+    from transformers.processing_utils import MODALITY_TO_AUTOPROCESSOR_MAPPING
+
+    # .keys(): the lazy mapping is an empty dict underneath, only keys() lists its modalities
+    modality = next(m for m in MODALITY_TO_AUTOPROCESSOR_MAPPING.keys() if m in name)  # noqa: SIM118
+    auto = MODALITY_TO_AUTOPROCESSOR_MAPPING[modality]
+    kwargs = {"backend": "pil"} if modality == "image_processor" else {}
+    if modality in REQUIRED:
+        return auto.from_pretrained(path, local_files_only=True, **kwargs)
+    try:
+        return auto.from_pretrained(path, local_files_only=True, **kwargs)
+    except (ImportError, OSError, ValueError):  # needs a missing backend (torchvision), or the folder has none
+        return None
+
+
+def load_processor_from_parts(path: str | Path) -> Any:
+    """The processor class named in processor_config.json, from its loadable parts and its saved settings."""
+    import transformers
+
+    path = str(path)
+    name = json.loads((Path(path) / "processor_config.json").read_text())["processor_class"]
+    cls = without_missing_parts(getattr(transformers, name))
+    settings, init_kwargs = cls.get_processor_dict(path, local_files_only=True)
+    parts = [_part(attr, path) for attr in cls.get_attributes()]
+    return cls.from_args_and_dict(parts, settings, **init_kwargs)
