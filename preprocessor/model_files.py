@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ class ModelFiles:
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = str(path)
     processor = None
@@ -50,7 +51,7 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
         if has_processor:
             # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
             # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(
@@ -66,3 +67,41 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     log.info("loaded %s: %s, vocab %d, sentinels %d..%d", path, type(processor or tokenizer).__name__, base_vocab,
              sentinels.ids[0], sentinels.ids[-1])
     return ModelFiles(path, tokenizer, processor, template, sentinels, base_vocab, placeholder)
+
+
+def without_video(processor_cls: type) -> type:
+    """`processor_cls` minus its video processor (same name, same image and text processing). transformers 5
+    checks every sub-processor's class and builds video processors only with torchvision, which must never be
+    required; a processor that serves images and text needs none."""
+    attributes = [a for a in processor_cls.get_attributes() if a != "video_processor"]
+    return type(processor_cls.__name__, (processor_cls,), {"__module__": processor_cls.__module__,
+                                                           "get_attributes": classmethod(lambda cls: attributes)})
+
+
+def load_processor(path: str | Path) -> Any:
+    """The folder's HF processor with PIL image processors (AutoProcessor), without its video processor when
+    that cannot be built here; no sentinels registered."""
+    from transformers import AutoProcessor
+
+    path = str(path)
+    try:
+        return AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+    except (ImportError, OSError):  # its video processor needs torchvision, or has no files: load it without one
+        processor_cls = _processor_class(path)
+        if processor_cls is None or "video_processor" not in processor_cls.get_attributes():
+            raise
+        return without_video(processor_cls).from_pretrained(path, local_files_only=True, backend="pil")
+
+
+def _processor_class(path: str) -> type | None:
+    """The processor class a folder names (processor_config.json, preprocessor_config.json), else its model
+    type's, as AutoProcessor resolves it."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES, processor_class_from_name
+
+    name = None
+    for file in ("processor_config.json", "preprocessor_config.json", "config.json"):
+        f = Path(path) / file
+        if name is None and f.exists():
+            found = json.loads(f.read_text())
+            name = found.get("processor_class") or PROCESSOR_MAPPING_NAMES.get(found.get("model_type", ""))
+    return processor_class_from_name(name) if name else None
