@@ -1,8 +1,9 @@
 """Writes the tiny checkpoints: deterministic from (BUILDER_VERSION, seed), cached on disk.
 
-Each is a real HF architecture with random weights and `vocab_size == len(tokenizer)`: no headroom,
-so a sentinel registered on top of the tokenizer always overflows the embedding table, exactly the
-SmolVLM-256M situation Splice exists for.
+Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
+`vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
+embedding table, exactly the SmolVLM-256M situation Splice exists for; the Qwen2-VL ones pad the table past
+the tokenizer as the real one does (151657 tokens, 151936 rows), so the sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ TEXT = dict(
 # Vision towers: 32x32 pixels in 8x8 patches = 16 patches per image (or tile).
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
               image_size=32, patch_size=8)
+QWEN2_VL_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 IDEFICS3_SPECIALS = (
     ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -143,11 +145,57 @@ def _build_idefics3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+def _padded_vocab(tok) -> int:
+    """The next multiple of 64 above len(tok): rows no token uses, where a registered sentinel lands."""
+    return (len(tok) // 64 + 1) * 64
+
+
+def _build_qwen2_vl(out: Path, v2_5: bool = False) -> None:
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil
+
+    from preprocessor.model_files import without_video
+
+    prefix = "Qwen2_5_VL" if v2_5 else "Qwen2VL"
+    tok = build_tokenizer(QWEN2_VL_SPECIALS, templates.QWEN2_VL)
+    patch, merge = 8, 2
+    # head_dim 16 -> 8 rotary frequencies split over (temporal, height, width) like the real [16, 24, 24]
+    text = getattr(transformers, f"{prefix}TextConfig")(
+        **dict(_text_config_kwargs(tok), vocab_size=_padded_vocab(tok)),
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    )
+    common = dict(depth=2, num_heads=2, in_channels=3, patch_size=patch, spatial_merge_size=merge,
+                  temporal_patch_size=2)
+    if v2_5:  # windowed attention in every block but the last (2 x 2 merged patches per window)
+        vision = transformers.Qwen2_5_VLVisionConfig(**common, hidden_size=32, intermediate_size=64,
+                                                     out_hidden_size=TEXT["hidden_size"], window_size=2 * merge * patch,
+                                                     fullatt_block_indexes=[1], tokens_per_second=2)
+    else:
+        vision = transformers.Qwen2VLVisionConfig(**common, embed_dim=32, mlp_ratio=2, hidden_size=TEXT["hidden_size"])
+    ids = {name: tok.convert_tokens_to_ids(f"<|{token}|>") for name, token in
+           (("image_token_id", "image_pad"), ("video_token_id", "video_pad"),
+            ("vision_start_token_id", "vision_start"), ("vision_end_token_id", "vision_end"))}
+    config = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, **ids,
+                                                      tie_word_embeddings=False)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    # 16 px per merged token; from 2x2 up to 4x4 merged tokens per image (the real one: 28 px, 4 to 16384)
+    side = patch * merge
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, temporal_patch_size=2, merge_size=merge,
+                                               min_pixels=(2 * side) ** 2, max_pixels=(4 * side) ** 2)
+    processor_cls = without_video(getattr(transformers, f"{prefix}Processor"))
+    processor = processor_cls(image_processor=image_processor, tokenizer=tok, chat_template=templates.QWEN2_VL)
+    assert len(processor.tokenizer) < config.text_config.vocab_size, "no headroom"
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # "text" | "llava" | "idefics3"
+    family: str  # "text" | "llava" | "idefics3" | "qwen2_vl" | "qwen2_5_vl"
     build: Callable[[Path], None]
+    headroom: bool = False  # vocab_size > len(tokenizer), as in the real model: sentinels land inside the table
 
 
 TINY_MODELS: dict[str, TinyModel] = {
@@ -156,6 +204,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
+        TinyModel("tiny-qwen2-vl", "qwen2_vl", _build_qwen2_vl, headroom=True),
+        TinyModel("tiny-qwen2.5-vl", "qwen2_5_vl", lambda out: _build_qwen2_vl(out, v2_5=True), headroom=True),
     )
 }
 
