@@ -27,7 +27,7 @@ def chat_prompt(processor: Any, text: str, images: int) -> str:
     return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
 
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,32 @@ class FamilyCase:
             return model(inputs_embeds=embeds[None], **tensors).logits[0, -1].float()
 
 
+@dataclass(frozen=True)
+class MRopeCase(FamilyCase):
+    """Qwen2-VL / Qwen2.5-VL: HF computes M-RoPE positions from the input IDs and the image marks its processor
+    makes (mm_token_type_ids: 1 at image-token positions), so its references get both."""
+
+    def _mm(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not tensors:
+            return {}
+        return {"mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long()}
+
+    def hf_generate(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor],
+                    n: int) -> list[int]:
+        return super().hf_generate(model, ids, {**tensors, **self._mm(model, ids, tensors)}, n)
+
+    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([ids]), inputs_embeds=embeds[None], **tensors,
+                        **self._mm(model, ids, tensors))
+            return out.logits[0, -1].float()
+
+
 CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-text", images=False),
     FamilyCase("tiny-llava"),
     FamilyCase("tiny-idefics3"),
+    MRopeCase("tiny-qwen2-vl"),
+    MRopeCase("tiny-qwen2.5-vl"),
 )
