@@ -159,3 +159,14 @@ def test_a_sentinel_lands_inside_the_padded_table_and_never_reaches_the_engine(n
     assert files.sentinels.ids[0] in norm.raw_ids
     assert not set(norm.request.token_ids) & files.sentinels.id_set
     assert [s.length for s in norm.request.embed_spans] == [2, 4]
+
+
+def test_the_qwen2_5_tower_attends_in_several_windows(loaded, tiny_dirs):
+    from transformers.vision_utils import get_vision_window_index
+
+    vc = loaded["tiny-qwen2.5-vl"].model.config.vision_config
+    grid = _processed(tiny_dirs["tiny-qwen2.5-vl"])["image_grid_thw"]
+    _, cu_window_seqlens = get_vision_window_index(grid, spatial_merge_size=vc.spatial_merge_size,
+                                                   window_size=vc.window_size, patch_size=vc.patch_size)
+    windows = len(torch.unique_consecutive(torch.as_tensor(cu_window_seqlens))) - 1
+    assert windows > 1 and vc.fullatt_block_indexes == [vc.depth - 1]  # windowed blocks, then one full block
