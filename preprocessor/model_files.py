@@ -46,11 +46,12 @@ def load_processor(path: str | Path) -> Any:
     try:
         return AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
     except Exception as exc:  # e.g. a part needs torchvision: build the processor from the parts that load
-        if not (Path(path) / "processor_config.json").exists():
-            raise
         log.info("%s: AutoProcessor failed (%s: %s); building the processor from its loadable parts", path,
                  type(exc).__name__, exc)
-        return load_processor_from_parts(path)
+        try:
+            return load_processor_from_parts(path)
+        except Exception:
+            raise exc from None
 
 
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:

@@ -27,8 +27,8 @@ from splice.model_info import ModelInfo
 from splice.request_rules import check_ids, check_length, check_request, check_rows
 from splice.sampling import SamplingParams
 
-# Processor outputs that describe the text, not model inputs the engine needs as tensors (mm_token_type_ids marks
-# image positions, which the engine reads from the IDs).
+# Processor outputs that describe the text, not model inputs the engine needs as tensors (the engine derives
+# mm_token_type_ids, Qwen2-VL's image-position marks, from the image token itself).
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
 

@@ -50,13 +50,28 @@ def _part(name: str, path: str) -> Any:
         return None
 
 
-def load_processor_from_parts(path: str | Path) -> Any:
-    """The processor class named in processor_config.json, from its loadable parts and its saved settings."""
-    import transformers
+def processor_class(path: str | Path) -> type | None:
+    """The processor class a folder names (processor_config.json, preprocessor_config.json, tokenizer_config.json),
+    else its model type's, as AutoProcessor resolves it."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES, processor_class_from_name
 
+    for file in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json", "config.json"):
+        f = Path(path) / file
+        if f.exists():
+            found = json.loads(f.read_text())
+            name = found.get("processor_class") or PROCESSOR_MAPPING_NAMES.get(found.get("model_type", ""))
+            if name:
+                return processor_class_from_name(name)
+    return None
+
+
+def load_processor_from_parts(path: str | Path) -> Any:
+    """The folder's processor class, from its loadable parts and its saved settings."""
     path = str(path)
-    name = json.loads((Path(path) / "processor_config.json").read_text())["processor_class"]
-    cls = without_missing_parts(getattr(transformers, name))
+    found = processor_class(path)
+    if found is None:
+        raise ValueError(f"{path}: no processor class named in its files")
+    cls = without_missing_parts(found)
     settings, init_kwargs = cls.get_processor_dict(path, local_files_only=True)
     parts = [_part(attr, path) for attr in cls.get_attributes()]
     return cls.from_args_and_dict(parts, settings, **init_kwargs)

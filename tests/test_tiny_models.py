@@ -19,7 +19,6 @@ from transformers import (
 from app.tiny import BUILDER_VERSION, TINY_MODELS, ensure, model_dir
 from app.tiny.builder import MARKER
 from preprocessor.model_files import load_processor
-from preprocessor.processor_parts import load_processor_from_parts
 
 
 def _picture(w: int, h: int) -> Image.Image:
@@ -76,14 +75,14 @@ def test_vision_model_forward(tiny_dirs, name):
         assert inputs.pixel_values.shape[1] > 1
 
 
-def test_gemma4_processor_is_built_from_its_parts_without_torchvision(tiny_dirs):
+def test_gemma4_processor_loads_without_its_video_processor(tiny_dirs):
     """Gemma4Processor takes a video processor, which needs torchvision: the folder has none, AutoProcessor cannot
     build one without torchvision, and the processor's own class is built from its other parts instead."""
     path = tiny_dirs["tiny-gemma4"]
     if importlib.util.find_spec("torchvision") is None:
         with pytest.raises(Exception):  # noqa: B017 - whichever error transformers raises for the missing part
             AutoProcessor.from_pretrained(path, backend="pil")
-    processor = load_processor_from_parts(path)
+    processor = load_processor(path)
     assert type(processor).__name__ == "Gemma4Processor" and processor.video_processor is None
     assert type(processor.image_processor).__name__ == "Gemma4ImageProcessorPil"
     assert len(processor.tokenizer) == AutoConfig.from_pretrained(path).text_config.vocab_size

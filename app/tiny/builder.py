@@ -2,8 +2,8 @@
 
 Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
 `vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
-embedding table, exactly the SmolVLM-256M situation Splice exists for; those marked `headroom` (Gemma 3) pad
-the table past the tokenizer, so a sentinel lands inside it.
+embedding table, exactly the SmolVLM-256M situation Splice exists for; those marked `headroom` (Gemma 3,
+Qwen2-VL) pad the table past the tokenizer as their real models do, so a sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ GEMMA3_SLIDING_WINDOW = 8
 GEMMA4_NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
                 "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
 GEMMA4_SPECIALS = ["<|turn>", "<turn|>", "<|video|>"]
+QWEN2_VL_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 IDEFICS3_SPECIALS = (
     ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -165,7 +166,7 @@ def _build_gemma3(out: Path) -> None:
     tok = build_tokenizer(["<start_of_turn>", "<end_of_turn>", *named.values()], templates.GEMMA3, named)
     ids = {k: tok.convert_tokens_to_ids(v) for k, v in named.items()}
     head_dim = TEXT["hidden_size"] // TEXT["num_attention_heads"]
-    text = dict(_text_config_kwargs(tok), vocab_size=_with_headroom(len(tok)), head_dim=head_dim,
+    text = dict(_text_config_kwargs(tok), vocab_size=_padded_vocab(tok), head_dim=head_dim,
                 query_pre_attn_scalar=head_dim, tie_word_embeddings=True,
                 # Sliding layers then a global one, like Gemma 3's 5:1 pattern; the window is shorter than the
                 # test prompts (so it matters) and longer than one image's soft tokens.
@@ -195,9 +196,52 @@ def _build_gemma3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
-def _with_headroom(n: int) -> int:
-    """The next multiple of 64 above n: gemma-3-4b-it has 262,145 tokens and 262,208 embedding rows."""
-    return (n // 64 + 1) * 64
+def _padded_vocab(tok) -> int:
+    """The next multiple of 64 above len(tok): rows no token uses, where a registered sentinel lands."""
+    return (len(tok) // 64 + 1) * 64
+
+
+def _build_qwen2_vl(out: Path, v2_5: bool = False) -> None:
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil
+
+    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
+
+    prefix = "Qwen2_5_VL" if v2_5 else "Qwen2VL"
+    tok = build_tokenizer(QWEN2_VL_SPECIALS, templates.QWEN2_VL)
+    patch, merge = 8, 2
+    # head_dim 16 -> 8 rotary frequencies split over (temporal, height, width) like the real [16, 24, 24]
+    text = getattr(transformers, f"{prefix}TextConfig")(
+        **dict(_text_config_kwargs(tok), vocab_size=_padded_vocab(tok)),
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    )
+    common = dict(depth=2, num_heads=2, in_channels=3, patch_size=patch, spatial_merge_size=merge,
+                  temporal_patch_size=2)
+    if v2_5:  # windowed attention in every block but the last (2 x 2 merged patches per window)
+        vision = transformers.Qwen2_5_VLVisionConfig(**common, hidden_size=32, intermediate_size=64,
+                                                     out_hidden_size=TEXT["hidden_size"], window_size=2 * merge * patch,
+                                                     fullatt_block_indexes=[1], tokens_per_second=2)
+    else:
+        vision = transformers.Qwen2VLVisionConfig(**common, embed_dim=32, mlp_ratio=2, hidden_size=TEXT["hidden_size"])
+    ids = {name: tok.convert_tokens_to_ids(f"<|{token}|>") for name, token in
+           (("image_token_id", "image_pad"), ("video_token_id", "video_pad"),
+            ("vision_start_token_id", "vision_start"), ("vision_end_token_id", "vision_end"))}
+    config = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, **ids,
+                                                      tie_word_embeddings=False)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    # 16 px per merged token; from 2x2 up to 4x4 merged tokens per image (the real one: 28 px, 4 to 16384)
+    side = patch * merge
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, temporal_patch_size=2, merge_size=merge,
+                                               min_pixels=(2 * side) ** 2, max_pixels=(4 * side) ** 2)
+    processor_cls = without_missing_parts(getattr(transformers, f"{prefix}Processor"))
+    processor = processor_cls(image_processor=image_processor, tokenizer=tok, video_processor=None,
+                              chat_template=templates.QWEN2_VL)
+    assert len(processor.tokenizer) < config.text_config.vocab_size, "no headroom"
+    model.save_pretrained(out)
+    save_without_missing_parts(processor, out)
+
+
 def _build_gemma4(out: Path) -> None:
     """E2B-style: per-layer inputs, sliding and full layers (window 8, so tests pass it), the last layers reusing
     earlier layers' keys/values, final logit softcapping, and images of a variable number of soft tokens."""
@@ -263,8 +307,7 @@ def _build_gemma4(out: Path) -> None:
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # "text" | "llava" | "idefics3" | "gemma3"
-    family: str  # "text" | "llava" | "idefics3" | "gemma4"
+    family: str  # the engine family (engine/models/) that serves it
     build: Callable[[Path], None]
     # vocab_size > len(tokenizer), as in the real model: a sentinel lands inside the table (and must still never
     # reach the engine). False: vocab_size == len(tokenizer), a sentinel overflows it.
@@ -279,6 +322,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
         TinyModel("tiny-gemma3", "gemma3", _build_gemma3, headroom=True),
         TinyModel("tiny-gemma4", "gemma4", _build_gemma4),
+        TinyModel("tiny-qwen2-vl", "qwen2_vl", _build_qwen2_vl, headroom=True),
+        TinyModel("tiny-qwen2.5-vl", "qwen2_5_vl", lambda out: _build_qwen2_vl(out, v2_5=True), headroom=True),
     )
 }
 

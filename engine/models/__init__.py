@@ -12,9 +12,10 @@ from engine.models.gemma3 import Gemma3
 from engine.models.gemma4 import Gemma4
 from engine.models.idefics3 import Idefics3
 from engine.models.llava import Llava
+from engine.models.qwen2_vl import Qwen2VL
 from splice.errors import FailedPrecondition
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4)
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4, Qwen2VL)
 
 
 def family_for(config: Any) -> type[ModelFamily]:

@@ -90,6 +90,8 @@ class Gemma3Case(FamilyCase):
     def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
                         tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         return super().hf_first_logits(model, ids, embeds, {**tensors, "token_type_ids": image_token_types(model, ids)})
+
+
 @dataclass(frozen=True)
 class Gemma4Case(FamilyCase):
     """Gemma 4 reads the IDs as well as the rows (per-layer inputs): HF's forward from inputs_embeds needs them."""
@@ -105,6 +107,28 @@ class Gemma4Case(FamilyCase):
             return model(inputs_embeds=embeds[None], per_layer_inputs=per_layer, **tensors).logits[0, -1].float()
 
 
+@dataclass(frozen=True)
+class MRopeCase(FamilyCase):
+    """Qwen2-VL / Qwen2.5-VL: HF computes M-RoPE positions from the input IDs and the image marks its processor
+    makes (mm_token_type_ids: 1 at image-token positions), so its references get both."""
+
+    def _mm(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not tensors:
+            return {}
+        return {"mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long()}
+
+    def hf_generate(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor],
+                    n: int) -> list[int]:
+        return super().hf_generate(model, ids, {**tensors, **self._mm(model, ids, tensors)}, n)
+
+    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([ids]), inputs_embeds=embeds[None], **tensors,
+                        **self._mm(model, ids, tensors))
+            return out.logits[0, -1].float()
+
+
 CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-text", images=False),
     FamilyCase("tiny-llava"),
@@ -115,4 +139,6 @@ CASES: tuple[FamilyCase, ...] = (
         "ID's, so a text's rows sent as prompt_embeds are not the text. What holds instead (tests/engine/"
         "test_gemma4.py): the engine equals HF's forward and greedy continuation given the same inputs_embeds and "
         "the same IDs with the pad at the supplied positions.")),
+    MRopeCase("tiny-qwen2-vl"),
+    MRopeCase("tiny-qwen2.5-vl"),
 )

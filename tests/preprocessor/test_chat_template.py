@@ -30,7 +30,8 @@ def test_content_format_detection():
 TURNS = [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hello."), ("user", "What is 2+2?")]
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4",
+                                  "tiny-qwen2-vl"])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("as_string", [True, False])
 def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_string):
