@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from preprocessor.processor_parts import load_processor
 from preprocessor.sentinel import MAX_EMBEDS_PARTS, Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
@@ -41,7 +42,7 @@ class ModelFiles:
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = str(path)
     processor = None
@@ -49,8 +50,9 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     try:
         if has_processor:
             # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
-            # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            # is installed (transformers 5 would pick its torchvision ones when it is); built from its parts
+            # when a sub-processor exists only for torchvision.
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

@@ -28,7 +28,9 @@ from splice.request_rules import check_ids, check_length, check_request, check_r
 from splice.sampling import SamplingParams
 
 # Processor outputs that describe the text, not model inputs the engine needs as tensors.
-TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+# Text-side outputs of the processor: the engine derives them from the IDs (mm_token_type_ids: Qwen-VL's image/
+# video flags per position, for M-RoPE).
+TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
 
 @dataclass(frozen=True)

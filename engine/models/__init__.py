@@ -9,10 +9,12 @@ from typing import Any
 
 from engine.models.base import ModelFamily, Prompt, StepInputs
 from engine.models.idefics3 import Idefics3
+from engine.models.lfm2_vl import Lfm2Vl
 from engine.models.llava import Llava
+from engine.models.qwen3_5 import Qwen3_5
 from splice.errors import FailedPrecondition
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3)
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Qwen3_5, Lfm2Vl)
 
 
 def family_for(config: Any) -> type[ModelFamily]:

@@ -27,7 +27,7 @@ def chat_prompt(processor: Any, text: str, images: int) -> str:
     return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
 
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,32 @@ class FamilyCase:
             return model(inputs_embeds=embeds[None], **tensors).logits[0, -1].float()
 
 
+@dataclass(frozen=True)
+class MRopeCase(FamilyCase):
+    """Qwen3.5 (and Qwen-VL): HF computes M-RoPE positions from the IDs and mm_token_type_ids (image = 1), which
+    the processor makes and Splice derives from the image-token positions instead."""
+
+    @staticmethod
+    def _types(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+        return (torch.tensor([ids]) == model.config.image_token_id).long()  # [1, P]
+
+    def hf_generate(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor],
+                    n: int) -> list[int]:
+        extra = {"mm_token_type_ids": self._types(model, ids)} if tensors else {}
+        return super().hf_generate(model, ids, {**tensors, **extra}, n)
+
+    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        positions, _ = model.model.get_rope_index(torch.tensor([ids]), self._types(model, ids),
+                                                  image_grid_thw=tensors.get("image_grid_thw"))  # [3, 1, P]
+        with torch.inference_mode():
+            return model(inputs_embeds=embeds[None], position_ids=positions, **tensors).logits[0, -1].float()
+
+
 CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-text", images=False),
     FamilyCase("tiny-llava"),
     FamilyCase("tiny-idefics3"),
+    MRopeCase("tiny-qwen3.5"),
+    FamilyCase("tiny-lfm2-vl"),
 )
