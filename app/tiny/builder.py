@@ -1,8 +1,9 @@
 """Writes the tiny checkpoints: deterministic from (BUILDER_VERSION, seed), cached on disk.
 
-Each is a real HF architecture with random weights and `vocab_size == len(tokenizer)`: no headroom,
-so a sentinel registered on top of the tokenizer always overflows the embedding table, exactly the
-SmolVLM-256M situation Splice exists for.
+Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
+`vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer always
+overflows the embedding table, exactly the SmolVLM-256M situation Splice exists for; those standing for
+models with a padded table (Qwen3.5, LFM2) have headroom, so a sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -270,6 +271,8 @@ class TinyModel:
     name: str
     family: str  # "text" | "llava" | "idefics3" | "qwen3_5" | "lfm2_vl"
     build: Callable[[Path], None]
+    # The real model's embedding table is padded above its tokenizer (a new sentinel lands inside the table)
+    vocab_headroom: bool = False
 
 
 TINY_MODELS: dict[str, TinyModel] = {
@@ -278,8 +281,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
-        TinyModel("tiny-qwen3.5", "qwen3_5", _build_qwen3_5),
-        TinyModel("tiny-lfm2-vl", "lfm2_vl", _build_lfm2_vl),
+        TinyModel("tiny-qwen3.5", "qwen3_5", _build_qwen3_5, vocab_headroom=True),
+        TinyModel("tiny-lfm2-vl", "lfm2_vl", _build_lfm2_vl, vocab_headroom=True),
     )
 }
 
