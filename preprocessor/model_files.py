@@ -65,7 +65,8 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     try:
         if has_processor:
             # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
-            # is installed (transformers 5 would pick its torchvision ones when it is).
+            # is installed (transformers 5 would pick its torchvision ones when it is); built from its parts
+            # when a sub-processor exists only for torchvision.
             processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None

@@ -1,9 +1,11 @@
-"""A processor built from the parts that can be built without torchvision.
+"""A model's processor built from the parts that can be built without torchvision.
 
-transformers 5 processors of some families take a video processor (Gemma 4, Qwen2-VL, ...) that needs torchvision,
-which Splice never requires, so `AutoProcessor.from_pretrained` cannot load them here. Chats with images need only
-the tokenizer and the (PIL) image processor: this builds the model's own processor class with every other part
-that cannot be built left out (None). Its text and image handling is the processor's own code, unchanged.
+transformers 5 processors of several families take a sub-processor that needs torchvision, which Splice never
+requires: a video processor (Gemma 4, Qwen2-VL, Qwen3.5, ...), or an image processor that exists only for
+torchvision (LFM2-VL; preprocessor/pil_image_processors holds Splice's PIL substitutes). AutoProcessor cannot
+load those here. Chats with images need only the tokenizer and a PIL image processor: this builds the model's
+own processor class with its loadable parts, every other part left out (None). Its text and image handling is
+the processor's own code, unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from preprocessor.pil_image_processors import SUBSTITUTES
 
 # The parts a chat with images cannot do without; any other part may be left out.
 REQUIRED = ("tokenizer", "image_processor")
@@ -35,21 +39,6 @@ def save_without_missing_parts(processor: Any, out: Path) -> None:
     processor.to_json_file(out / "processor_config.json")
 
 
-def _part(name: str, path: str) -> Any:
-    from transformers.processing_utils import MODALITY_TO_AUTOPROCESSOR_MAPPING
-
-    # .keys(): the lazy mapping is an empty dict underneath, only keys() lists its modalities
-    modality = next(m for m in MODALITY_TO_AUTOPROCESSOR_MAPPING.keys() if m in name)  # noqa: SIM118
-    auto = MODALITY_TO_AUTOPROCESSOR_MAPPING[modality]
-    kwargs = {"backend": "pil"} if modality == "image_processor" else {}
-    if modality in REQUIRED:
-        return auto.from_pretrained(path, local_files_only=True, **kwargs)
-    try:
-        return auto.from_pretrained(path, local_files_only=True, **kwargs)
-    except (ImportError, OSError, ValueError):  # needs a missing backend (torchvision), or the folder has none
-        return None
-
-
 def processor_class(path: str | Path) -> type | None:
     """The processor class a folder names (processor_config.json, preprocessor_config.json, tokenizer_config.json),
     else its model type's, as AutoProcessor resolves it."""
@@ -63,6 +52,44 @@ def processor_class(path: str | Path) -> type | None:
             if name:
                 return processor_class_from_name(name)
     return None
+
+
+def _saved_image_settings(folder: Path) -> dict:
+    """The image processor's saved settings: transformers 5 nests them in processor_config.json, older folders
+    keep them in preprocessor_config.json."""
+    settings: dict = {}
+    if (folder / "preprocessor_config.json").exists():
+        settings = json.loads((folder / "preprocessor_config.json").read_text())
+    if (folder / "processor_config.json").exists():
+        settings = json.loads((folder / "processor_config.json").read_text()).get("image_processor", settings)
+    return settings
+
+
+def _image_processor(path: str) -> Any:
+    """The folder's image processor on PIL: Splice's substitute when transformers has only a torchvision one."""
+    from transformers import AutoImageProcessor
+
+    saved = _saved_image_settings(Path(path))
+    substitute = SUBSTITUTES.get(saved.get("image_processor_type", ""))
+    if substitute is not None:
+        return substitute.from_dict(saved)
+    return AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+
+
+def _part(name: str, path: str) -> Any:
+    from transformers.processing_utils import MODALITY_TO_AUTOPROCESSOR_MAPPING
+
+    if name == "image_processor":
+        return _image_processor(path)
+    # .keys(): the lazy mapping is an empty dict underneath, only keys() lists its modalities
+    modality = next(m for m in MODALITY_TO_AUTOPROCESSOR_MAPPING.keys() if m in name)  # noqa: SIM118
+    auto = MODALITY_TO_AUTOPROCESSOR_MAPPING[modality]
+    if modality in REQUIRED:
+        return auto.from_pretrained(path, local_files_only=True)
+    try:
+        return auto.from_pretrained(path, local_files_only=True)
+    except (ImportError, OSError, ValueError):  # needs a missing backend (torchvision), or the folder has none
+        return None
 
 
 def load_processor_from_parts(path: str | Path) -> Any:

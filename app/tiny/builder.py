@@ -3,7 +3,7 @@
 Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
 `vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
 embedding table, exactly the SmolVLM-256M situation Splice exists for; those marked `headroom` (Gemma 3,
-Qwen2-VL) pad the table past the tokenizer as their real models do, so a sentinel lands inside it.
+Qwen2-VL, Qwen3.5, LFM2) pad the table past the tokenizer as their real models do, so a sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -196,6 +196,123 @@ def _build_gemma3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+QWEN3_5_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>"]
+
+
+def _build_qwen3_5(out: Path) -> None:
+    """Qwen3.5: gated delta-net linear attention and full attention layers in turn, M-RoPE, a Qwen3-VL style
+    vision tower (patches merged 2x2); vocab_size padded above the tokenizer, as Qwen3.5's 248320 rows are."""
+    from transformers import (
+        Qwen2VLImageProcessorPil,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5TextConfig,
+        Qwen3_5VisionConfig,
+        Qwen3VLProcessor,
+    )
+
+    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
+
+    tok = build_tokenizer(QWEN3_5_SPECIALS, templates.QWEN3_5)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_5_SPECIALS}
+    patch, merge = 8, 2
+    text = Qwen3_5TextConfig(
+        **dict(_text_config_kwargs(tok), vocab_size=_padded_vocab(tok), num_hidden_layers=4),
+        head_dim=16,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        # 16-dim heads rotate half their dims: 4 frequencies split 2/1/1 over time, height and width
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                             mrope_section=[2, 1, 1], mrope_interleaved=True),
+    )
+    vision = Qwen3_5VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=patch,
+                                 spatial_merge_size=merge, temporal_patch_size=2, out_hidden_size=TEXT["hidden_size"],
+                                 num_position_embeddings=16)
+    config = Qwen3_5Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    model = Qwen3_5ForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    # Images resized to multiples of 16 px (patch 8, merged 2x2) between 2x2 and 4x4 merged tokens' worth
+    unit = patch * merge
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=2,
+                                               size={"shortest_edge": 4 * unit * unit,
+                                                     "longest_edge": 16 * unit * unit})
+    # No video processor: transformers has only a torchvision one, and Splice serves no video
+    processor = without_missing_parts(Qwen3VLProcessor)(image_processor=image_processor, tokenizer=tok,
+                                                        video_processor=None, chat_template=templates.QWEN3_5)
+    assert processor.image_token_id == config.image_token_id
+    model.save_pretrained(out)
+    save_without_missing_parts(processor, out)
+
+
+LFM2_VL_SPECIALS = (["<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"]
+                    + [f"<|img_row_{r}_col_{c}|>" for r in range(1, 5) for c in range(1, 5)])
+
+
+def _build_lfm2_vl(out: Path) -> None:
+    """LFM2-VL: short convolution and attention layers in turn, a SigLIP2 (NaFlex) tower on 32 px tiles plus a
+    thumbnail, pixel-unshuffled 2x2; vocab_size padded above the tokenizer, as LFM2's 65536 rows are."""
+    from transformers import (
+        Lfm2Config,
+        Lfm2VlConfig,
+        Lfm2VlForConditionalGeneration,
+        Lfm2VlProcessor,
+        Siglip2VisionConfig,
+    )
+
+    # transformers' LFM2-VL image processor needs torchvision: Splice's PIL one makes the same tensors
+    from preprocessor.pil_image_processors import Lfm2VlImageProcessorPil
+
+    tok = build_tokenizer(LFM2_VL_SPECIALS, templates.LFM2_VL)
+    patch, tile = 4, 32
+    text = Lfm2Config(
+        vocab_size=_padded_vocab(tok),
+        hidden_size=TEXT["hidden_size"],
+        intermediate_size=TEXT["intermediate_size"],
+        block_auto_adjust_ff_dim=False,
+        num_hidden_layers=4,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_attention_heads=TEXT["num_attention_heads"],
+        num_key_value_heads=TEXT["num_key_value_heads"],
+        max_position_embeddings=TEXT["max_position_embeddings"],
+        norm_eps=TEXT["rms_norm_eps"],
+        conv_L_cache=3,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    vision = Siglip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 patch_size=patch, num_patches=(tile // patch) ** 2)
+    config = Lfm2VlConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        projector_hidden_size=64,
+        downsample_factor=2,
+        tie_word_embeddings=True,
+    )
+    model = Lfm2VlForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    # Up to 16 tokens (64 patches) per image or tile; larger images split into 2..4 tiles of 32 px + thumbnail
+    image_processor = Lfm2VlImageProcessorPil(encoder_patch_size=patch, tile_size=tile, downsample_factor=2,
+                                              min_image_tokens=4, max_image_tokens=16, min_tiles=2, max_tiles=4)
+    processor = Lfm2VlProcessor(image_processor=image_processor, tokenizer=tok, chat_template=templates.LFM2_VL)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
 def _padded_vocab(tok) -> int:
     """The next multiple of 64 above len(tok): rows no token uses, where a registered sentinel lands."""
     return (len(tok) // 64 + 1) * 64
@@ -324,6 +441,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-gemma4", "gemma4", _build_gemma4),
         TinyModel("tiny-qwen2-vl", "qwen2_vl", _build_qwen2_vl, headroom=True),
         TinyModel("tiny-qwen2.5-vl", "qwen2_5_vl", lambda out: _build_qwen2_vl(out, v2_5=True), headroom=True),
+        TinyModel("tiny-qwen3.5", "qwen3_5", _build_qwen3_5, headroom=True),
+        TinyModel("tiny-lfm2-vl", "lfm2_vl", _build_lfm2_vl, headroom=True),
     )
 }
 

@@ -109,24 +109,24 @@ class Gemma4Case(FamilyCase):
 
 @dataclass(frozen=True)
 class MRopeCase(FamilyCase):
-    """Qwen2-VL / Qwen2.5-VL: HF computes M-RoPE positions from the input IDs and the image marks its processor
-    makes (mm_token_type_ids: 1 at image-token positions), so its references get both."""
+    """Qwen2-VL, Qwen2.5-VL, Qwen3.5: HF computes M-RoPE positions from the IDs and mm_token_type_ids (image = 1), which
+    the processor makes and Splice derives from the image-token positions instead."""
 
-    def _mm(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not tensors:
-            return {}
-        return {"mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long()}
+    @staticmethod
+    def _types(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+        return (torch.tensor([ids]) == model.config.image_token_id).long()  # [1, P]
 
     def hf_generate(self, model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor],
                     n: int) -> list[int]:
-        return super().hf_generate(model, ids, {**tensors, **self._mm(model, ids, tensors)}, n)
+        extra = {"mm_token_type_ids": self._types(model, ids)} if tensors else {}
+        return super().hf_generate(model, ids, {**tensors, **extra}, n)
 
     def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
                         tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        positions, _ = model.model.get_rope_index(torch.tensor([ids]), self._types(model, ids),
+                                                  image_grid_thw=tensors.get("image_grid_thw"))  # [3, 1, P]
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), inputs_embeds=embeds[None], **tensors,
-                        **self._mm(model, ids, tensors))
-            return out.logits[0, -1].float()
+            return model(inputs_embeds=embeds[None], position_ids=positions, **tensors).logits[0, -1].float()
 
 
 CASES: tuple[FamilyCase, ...] = (
@@ -141,4 +141,6 @@ CASES: tuple[FamilyCase, ...] = (
         "the same IDs with the pad at the supplied positions.")),
     MRopeCase("tiny-qwen2-vl"),
     MRopeCase("tiny-qwen2.5-vl"),
+    MRopeCase("tiny-qwen3.5"),
+    FamilyCase("tiny-lfm2-vl"),
 )
