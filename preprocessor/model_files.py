@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from preprocessor.images_only import load_images_only
 from preprocessor.sentinel import MAX_EMBEDS_PARTS, Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
@@ -38,19 +39,31 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
+def _load_processor(path: str) -> Any:
+    from transformers import AutoProcessor
+
+    try:
+        # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
+        # is installed (transformers 5 would pick its torchvision ones when it is).
+        return AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+    except Exception as exc:
+        try:  # a processor with a video processor, which needs torchvision: images need only the other parts
+            return load_images_only(path)
+        except Exception:
+            raise exc from None
+
+
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = str(path)
     processor = None
     has_processor = any((Path(path) / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     try:
         if has_processor:
-            # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
-            # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            processor = _load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

@@ -1,8 +1,9 @@
 """Writes the tiny checkpoints: deterministic from (BUILDER_VERSION, seed), cached on disk.
 
-Each is a real HF architecture with random weights and `vocab_size == len(tokenizer)`: no headroom,
-so a sentinel registered on top of the tokenizer always overflows the embedding table, exactly the
-SmolVLM-256M situation Splice exists for.
+Each is a real HF architecture with random weights and the real model's vocabulary situation: mostly
+`vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
+embedding table, exactly the SmolVLM-256M situation Splice exists for; where the real table is padded
+(`vocab_headroom`, e.g. OneVision) the sentinel lands inside it and must still never reach the engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from app.tiny import templates
 from app.tiny.tokenizer import EOS, PAD, build_tokenizer
+from preprocessor.images_only import images_only
 
 # Bump whenever anything that ends up in a checkpoint changes: the cache folder name carries it, so a
 # new version is built beside the old one instead of reusing stale files.
@@ -143,11 +145,98 @@ def _build_idefics3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+# llava-onevision-qwen2: 151646 tokens in a 152000-row table; the tiny keeps that headroom, rounded to 64.
+ONEVISION_HEADROOM = 354
+
+
+def _build_llava_onevision(out: Path) -> None:
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        LlavaOnevisionImageProcessorPil,
+        LlavaOnevisionProcessor,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
+
+    tok = build_tokenizer(["<image>", "<video>"], templates.LLAVA_ONEVISION)
+    side = VISION["image_size"]
+    # Any-resolution crops of up to 2x2 tiles (the real model: up to 6x6 of 384 px). anyres_max_1 (real: 9)
+    # makes a 2x2 grid take HF's bilinear downscale of the unpadded features, which the real grid reaches.
+    pinpoints = [[side, side], [side, 2 * side], [2 * side, side], [2 * side, 2 * side]]
+    aspect = "anyres_max_1"
+    vocab_size = -(-(len(tok) + ONEVISION_HEADROOM) // 64) * 64
+    config = LlavaOnevisionConfig(
+        vision_config=SiglipVisionConfig(**VISION, vision_use_head=False),
+        text_config=Qwen2Config(**dict(_text_config_kwargs(tok), vocab_size=vocab_size)),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        video_token_index=tok.convert_tokens_to_ids("<video>"),
+        vision_feature_select_strategy="full",  # SigLIP has no CLS position
+        vision_feature_layer=-1,
+        image_grid_pinpoints=pinpoints,
+        vision_aspect_ratio=aspect,
+        tie_word_embeddings=False,
+    )
+    model = LlavaOnevisionForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    image_processor = LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
+                                                      image_grid_pinpoints=pinpoints, image_mean=[0.5] * 3,
+                                                      image_std=[0.5] * 3)
+    # No video processor: it needs torchvision (preprocessor/images_only.py)
+    processor = images_only(LlavaOnevisionProcessor)(
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=None,
+        num_image_tokens=(side // VISION["patch_size"]) ** 2,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio=aspect,
+        chat_template=templates.LLAVA_ONEVISION,
+    )
+    assert len(processor.tokenizer) < config.text_config.vocab_size, "no headroom"
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
+def _build_smolvlm(out: Path) -> None:
+    from transformers import (
+        LlamaConfig,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+        SmolVLMProcessor,
+        SmolVLMVisionConfig,
+    )
+
+    tok = build_tokenizer(IDEFICS3_SPECIALS, templates.SMOLVLM)
+    scale_factor = 2
+    config = SmolVLMConfig(
+        vision_config=SmolVLMVisionConfig(**VISION),
+        text_config=LlamaConfig(**_text_config_kwargs(tok)),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        scale_factor=scale_factor,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = SmolVLMForConditionalGeneration(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_utterance>")]
+    side = VISION["image_size"]
+    image_processor = SmolVLMImageProcessorPil(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side},
+                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    image_seq_len = (side // VISION["patch_size"]) ** 2 // scale_factor**2
+    processor = images_only(SmolVLMProcessor)(image_processor=image_processor, tokenizer=tok, video_processor=None,
+                                              image_seq_len=image_seq_len, chat_template=templates.SMOLVLM)
+    assert len(processor.tokenizer) == config.text_config.vocab_size, "processor added tokens"
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # "text" | "llava" | "idefics3"
+    family: str  # "text" | "llava" | "idefics3" | "llava_onevision" | "smolvlm"
     build: Callable[[Path], None]
+    # The real model's table has rows past len(tokenizer) (OneVision, Qwen2-VL): a sentinel then lands inside it.
+    vocab_headroom: bool = False
 
 
 TINY_MODELS: dict[str, TinyModel] = {
@@ -156,6 +245,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
+        TinyModel("tiny-llava-onevision", "llava_onevision", _build_llava_onevision, vocab_headroom=True),
+        TinyModel("tiny-smolvlm", "smolvlm", _build_smolvlm),
     )
 }
 

@@ -78,4 +78,6 @@ CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-text", images=False),
     FamilyCase("tiny-llava"),
     FamilyCase("tiny-idefics3"),
+    FamilyCase("tiny-llava-onevision"),
+    FamilyCase("tiny-smolvlm"),
 )
