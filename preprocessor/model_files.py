@@ -39,7 +39,8 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
-def _load_processor(path: str) -> Any:
+def load_processor(path: str) -> Any:
+    """The folder's processor, fresh (no sentinels): AutoProcessor, or the images-only build."""
     from transformers import AutoProcessor
 
     try:
@@ -63,7 +64,7 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     has_processor = any((Path(path) / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     try:
         if has_processor:
-            processor = _load_processor(path)
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(
