@@ -20,6 +20,18 @@ from preprocessor.pil_image_processors import SUBSTITUTES
 REQUIRED = ("tokenizer", "image_processor")
 
 
+class NoVideoProcessor(dict):
+    """Where a left-out video processor would be: some processors (SmolVLM) read its sampling defaults in
+    apply_chat_template even for a chat without videos; processing a video is refused. A dict (an empty one),
+    so that the processor's JSON form (its repr) still serializes."""
+
+    num_frames = None
+    fps = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("videos need a video processor, which needs torchvision")
+
+
 def without_missing_parts(cls: type) -> type:
     """`cls` accepting None for a part (its type is checked only when the part is there)."""
 
@@ -101,4 +113,7 @@ def load_processor_from_parts(path: str | Path) -> Any:
     cls = without_missing_parts(found)
     settings, init_kwargs = cls.get_processor_dict(path, local_files_only=True)
     parts = [_part(attr, path) for attr in cls.get_attributes()]
-    return cls.from_args_and_dict(parts, settings, **init_kwargs)
+    processor = cls.from_args_and_dict(parts, settings, **init_kwargs)
+    if "video_processor" in cls.get_attributes() and processor.video_processor is None:
+        processor.video_processor = NoVideoProcessor()
+    return processor

@@ -19,6 +19,7 @@ from transformers import (
 from app.tiny import BUILDER_VERSION, TINY_MODELS, ensure, model_dir
 from app.tiny.builder import MARKER
 from preprocessor.model_files import load_processor
+from preprocessor.processor_parts import NoVideoProcessor
 
 
 def _picture(w: int, h: int) -> Image.Image:
@@ -53,7 +54,7 @@ def test_text_model_forward(tiny_dirs):
 
 
 @pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4", "tiny-qwen3.5",
-                                  "tiny-lfm2-vl"])
+                                  "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm"])
 def test_vision_model_forward(tiny_dirs, name):
     path = tiny_dirs[name]
     processor = load_processor(str(path))  # AutoProcessor(backend="pil"), or from its parts without torchvision
@@ -84,7 +85,7 @@ def test_gemma4_processor_loads_without_its_video_processor(tiny_dirs):
         with pytest.raises(Exception):  # noqa: B017 - whichever error transformers raises for the missing part
             AutoProcessor.from_pretrained(path, backend="pil")
     processor = load_processor(path)
-    assert type(processor).__name__ == "Gemma4Processor" and processor.video_processor is None
+    assert type(processor).__name__ == "Gemma4Processor" and isinstance(processor.video_processor, NoVideoProcessor)
     assert type(processor.image_processor).__name__ == "Gemma4ImageProcessorPil"
     assert len(processor.tokenizer) == AutoConfig.from_pretrained(path).text_config.vocab_size
     assert processor.image_token == "<|image|>" and processor.boi_token == "<|image>"

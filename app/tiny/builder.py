@@ -3,7 +3,8 @@
 Each is a real HF architecture with random weights and the real model's vocabulary situation: most have
 `vocab_size == len(tokenizer)`, no headroom, so a sentinel registered on top of the tokenizer overflows the
 embedding table, exactly the SmolVLM-256M situation Splice exists for; those marked `headroom` (Gemma 3,
-Qwen2-VL, Qwen3.5, LFM2) pad the table past the tokenizer as their real models do, so a sentinel lands inside it.
+Qwen2-VL, Qwen3.5, LFM2, LLaVA-OneVision) pad the table past the tokenizer as their real models do, so a
+sentinel lands inside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from app.tiny import templates
 from app.tiny.tokenizer import EOS, PAD, build_tokenizer
+from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
 
 # Bump whenever anything that ends up in a checkpoint changes: the cache folder name carries it, so a
 # new version is built beside the old one instead of reusing stale files.
@@ -211,8 +213,6 @@ def _build_qwen3_5(out: Path) -> None:
         Qwen3VLProcessor,
     )
 
-    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
-
     tok = build_tokenizer(QWEN3_5_SPECIALS, templates.QWEN3_5)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_5_SPECIALS}
     patch, merge = 8, 2
@@ -313,6 +313,58 @@ def _build_lfm2_vl(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+# llava-onevision-qwen2: 151646 tokens in a 152000-row table; the tiny keeps that headroom, rounded to 64.
+ONEVISION_HEADROOM = 354
+
+
+def _build_llava_onevision(out: Path) -> None:
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        LlavaOnevisionImageProcessorPil,
+        LlavaOnevisionProcessor,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
+
+    tok = build_tokenizer(["<image>", "<video>"], templates.LLAVA_ONEVISION)
+    side = VISION["image_size"]
+    # Any-resolution crops of up to 2x2 tiles (the real model: up to 6x6 of 384 px). anyres_max_1 (real: 9)
+    # makes a 2x2 grid take HF's bilinear downscale of the unpadded features, which the real grid reaches.
+    pinpoints = [[side, side], [side, 2 * side], [2 * side, side], [2 * side, 2 * side]]
+    aspect = "anyres_max_1"
+    vocab_size = -(-(len(tok) + ONEVISION_HEADROOM) // 64) * 64
+    config = LlavaOnevisionConfig(
+        vision_config=SiglipVisionConfig(**VISION, vision_use_head=False),
+        text_config=Qwen2Config(**dict(_text_config_kwargs(tok), vocab_size=vocab_size)),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        video_token_index=tok.convert_tokens_to_ids("<video>"),
+        vision_feature_select_strategy="full",  # SigLIP has no CLS position
+        vision_feature_layer=-1,
+        image_grid_pinpoints=pinpoints,
+        vision_aspect_ratio=aspect,
+        tie_word_embeddings=False,
+    )
+    model = LlavaOnevisionForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    image_processor = LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
+                                                      image_grid_pinpoints=pinpoints, image_mean=[0.5] * 3,
+                                                      image_std=[0.5] * 3)
+    # No video processor: it needs torchvision (preprocessor/processor_parts.py)
+    processor = without_missing_parts(LlavaOnevisionProcessor)(
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=None,
+        num_image_tokens=(side // VISION["patch_size"]) ** 2,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio=aspect,
+        chat_template=templates.LLAVA_ONEVISION,
+    )
+    assert len(processor.tokenizer) < config.text_config.vocab_size, "no headroom"
+    model.save_pretrained(out)
+    save_without_missing_parts(processor, out)
+
+
 def _padded_vocab(tok) -> int:
     """The next multiple of 64 above len(tok): rows no token uses, where a registered sentinel lands."""
     return (len(tok) // 64 + 1) * 64
@@ -321,8 +373,6 @@ def _padded_vocab(tok) -> int:
 def _build_qwen2_vl(out: Path, v2_5: bool = False) -> None:
     import transformers
     from transformers import Qwen2VLImageProcessorPil
-
-    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
 
     prefix = "Qwen2_5_VL" if v2_5 else "Qwen2VL"
     tok = build_tokenizer(QWEN2_VL_SPECIALS, templates.QWEN2_VL)
@@ -372,8 +422,6 @@ def _build_gemma4(out: Path) -> None:
         Gemma4VisionConfig,
     )
 
-    from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
-
     tok = build_tokenizer(GEMMA4_SPECIALS, templates.GEMMA4, named=GEMMA4_NAMED)
     layers = 5
     text_config = Gemma4TextConfig(
@@ -419,6 +467,38 @@ def _build_gemma4(out: Path) -> None:
     assert len(processor.tokenizer) == text_config.vocab_size, "processor added tokens"
     model.save_pretrained(out)
     save_without_missing_parts(processor, out)
+def _build_smolvlm(out: Path) -> None:
+    from transformers import (
+        LlamaConfig,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+        SmolVLMProcessor,
+        SmolVLMVisionConfig,
+    )
+
+    tok = build_tokenizer(IDEFICS3_SPECIALS, templates.SMOLVLM)
+    scale_factor = 2
+    config = SmolVLMConfig(
+        vision_config=SmolVLMVisionConfig(**VISION),
+        text_config=LlamaConfig(**_text_config_kwargs(tok)),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        scale_factor=scale_factor,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = SmolVLMForConditionalGeneration(config)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_utterance>")]
+    side = VISION["image_size"]
+    image_processor = SmolVLMImageProcessorPil(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side},
+                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    image_seq_len = (side // VISION["patch_size"]) ** 2 // scale_factor**2
+    processor = without_missing_parts(SmolVLMProcessor)(image_processor=image_processor, tokenizer=tok,
+                                                        video_processor=None, image_seq_len=image_seq_len,
+                                                        chat_template=templates.SMOLVLM)
+    assert len(processor.tokenizer) == config.text_config.vocab_size, "processor added tokens"
+    model.save_pretrained(out)
+    save_without_missing_parts(processor, out)
 
 
 @dataclass(frozen=True)
@@ -443,6 +523,8 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-qwen2.5-vl", "qwen2_5_vl", lambda out: _build_qwen2_vl(out, v2_5=True), headroom=True),
         TinyModel("tiny-qwen3.5", "qwen3_5", _build_qwen3_5, headroom=True),
         TinyModel("tiny-lfm2-vl", "lfm2_vl", _build_lfm2_vl, headroom=True),
+        TinyModel("tiny-llava-onevision", "llava_onevision", _build_llava_onevision, headroom=True),
+        TinyModel("tiny-smolvlm", "smolvlm", _build_smolvlm),
     )
 }
 

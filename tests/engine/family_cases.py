@@ -143,4 +143,6 @@ CASES: tuple[FamilyCase, ...] = (
     MRopeCase("tiny-qwen2.5-vl"),
     MRopeCase("tiny-qwen3.5"),
     FamilyCase("tiny-lfm2-vl"),
+    FamilyCase("tiny-llava-onevision"),
+    FamilyCase("tiny-smolvlm"),
 )

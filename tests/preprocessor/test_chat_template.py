@@ -24,6 +24,8 @@ def test_content_format_detection():
     assert content_format(templates.GEMMA4) == OPENAI
     assert content_format(templates.QWEN3_5) == OPENAI
     assert content_format(templates.LFM2_VL) == OPENAI
+    assert content_format(templates.LLAVA_ONEVISION) == OPENAI
+    assert content_format(templates.SMOLVLM) == OPENAI
     assert content_format(STRING_TEMPLATE) == STRING
     aliased = "{% for m in messages %}{% set c = m.content %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}"
     assert content_format(aliased) == OPENAI
@@ -33,7 +35,8 @@ TURNS = [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hell
 
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4",
-                                  "tiny-qwen2-vl", "tiny-qwen3.5", "tiny-lfm2-vl"])
+                                  "tiny-qwen2-vl", "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision",
+                                  "tiny-smolvlm"])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("as_string", [True, False])
 def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_string):
