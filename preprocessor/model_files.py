@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from preprocessor import pil_processors
 from preprocessor.sentinel import MAX_EMBEDS_PARTS, Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
@@ -38,6 +39,25 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
+def _load_processor(path: str) -> Any:
+    """PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision is
+    installed (transformers 5 would pick its torchvision ones when it is). Processors transformers ships only
+    with torchvision parts are rebuilt from their text + image parts (preprocessor/pil_processors.py)."""
+    from transformers import AutoConfig, AutoProcessor
+
+    pil_processors.register()
+    try:
+        return AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+    except Exception:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        fallback = pil_processors.fallback_processor(type(config).__name__)
+        if fallback is None:
+            raise
+        log.info("%s: %s needs parts absent here; using its text + image parts (%s)", path,
+                 type(config).__name__, fallback.__name__)
+        return fallback.from_pretrained(path, local_files_only=True, backend="pil")
+
+
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
@@ -48,9 +68,7 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
     has_processor = any((Path(path) / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     try:
         if has_processor:
-            # PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision
-            # is installed (transformers 5 would pick its torchvision ones when it is).
-            processor = AutoProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            processor = _load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

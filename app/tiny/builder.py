@@ -143,10 +143,55 @@ def _build_idefics3(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+NEMOTRON_OMNI_SPECIALS = ["<image>", "<img>", "</img>", "<think>", "</think>"]
+
+
+def _build_nemotron_omni(out: Path) -> None:
+    """Nemotron 3 Nano Omni: a Mamba2 + attention + MoE decoder (NemotronHForCausalLM) behind a RADIO tower and a
+    pixel-shuffle projector; the real model has no vocabulary headroom, nor has this one."""
+    from transformers import (
+        NemotronH_Omni_Reasoning_V3,
+        NemotronH_Omni_Reasoning_V3_Config,
+        NemotronHConfig,
+        RadioConfig,
+    )
+
+    from preprocessor.pil_processors import NemotronH_Omni_Reasoning_V3ImageProcessorPil, NemotronOmniImageTextProcessor
+
+    tok = build_tokenizer(NEMOTRON_OMNI_SPECIALS, templates.NEMOTRON_OMNI)
+    text = NemotronHConfig(
+        vocab_size=len(tok), hidden_size=64, layers_block_type=["linear_attention", "full_attention", "moe"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1, conv_kernel=4, chunk_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+        n_shared_experts=1, intermediate_size=128, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    patch = VISION["patch_size"]
+    vision = RadioConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2.0,
+                         patch_size=patch, image_size=VISION["image_size"], max_img_size=128, num_cls_tokens=2,
+                         num_registers=2, video_temporal_patch_size=2)
+    config = NemotronH_Omni_Reasoning_V3_Config(
+        vision_config=vision, text_config=text, downsample_ratio=0.5, projector_hidden_size=64,
+        vision_hidden_size=32, image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+    )
+    model = NemotronH_Omni_Reasoning_V3(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    # Images become a patch grid of 4..64 patches of 8 px (1..16 image tokens after the 2x2 pixel shuffle).
+    image_processor = NemotronH_Omni_Reasoning_V3ImageProcessorPil(patch_size=patch, downsample_ratio=0.5,
+                                                                   min_num_patches=16, max_num_patches=64,
+                                                                   max_model_len=2048)
+    processor = NemotronOmniImageTextProcessor(image_processor=image_processor, tokenizer=tok,
+                                               chat_template=templates.NEMOTRON_OMNI)
+    assert len(processor.tokenizer) == text.vocab_size, "processor added tokens"
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # "text" | "llava" | "idefics3"
+    family: str  # "text" | "llava" | "idefics3" | "nemotron_h_omni"
     build: Callable[[Path], None]
 
 
@@ -156,6 +201,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
+        TinyModel("tiny-nemotron-omni", "nemotron_h_omni", _build_nemotron_omni),
     )
 }
 

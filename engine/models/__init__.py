@@ -10,9 +10,10 @@ from typing import Any
 from engine.models.base import ModelFamily, Prompt, StepInputs
 from engine.models.idefics3 import Idefics3
 from engine.models.llava import Llava
+from engine.models.nemotron_h import NemotronH
 from splice.errors import FailedPrecondition
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3)
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, NemotronH)
 
 
 def family_for(config: Any) -> type[ModelFamily]:
