@@ -39,7 +39,7 @@ class ModelFiles:
         return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
 
 
-def _load_processor(path: str) -> Any:
+def load_processor(path: str | Path) -> Any:
     """PIL image processors, as transformers 4 loaded them: the same pixels whether or not torchvision is
     installed (transformers 5 would pick its torchvision ones when it is). Processors transformers ships only
     with torchvision parts are rebuilt from their text + image parts (preprocessor/pil_processors.py)."""
@@ -61,14 +61,14 @@ def _load_processor(path: str) -> Any:
 def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS) -> ModelFiles:
     """Loads (from local files only) the processor when the folder has one, else the tokenizer, and registers
     `max_embeds_parts` sentinels (requests with more prompt_embeds parts are refused)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = str(path)
     processor = None
     has_processor = any((Path(path) / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     try:
         if has_processor:
-            processor = _load_processor(path)
+            processor = load_processor(path)
             if not hasattr(processor, "tokenizer"):  # a bare image processor: no use without a tokenizer
                 processor = None
         tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(

@@ -11,6 +11,7 @@ checkpoint does.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ def nemotron_omni_patch_grid(height: int, width: int, patch_size: int, merge: in
     return gh, gw
 
 
-class NemotronH_Omni_Reasoning_V3ImageProcessorPil(PilBackend):  # noqa: N801 (transformers' name + "Pil")
+class NemotronH_Omni_Reasoning_V3ImageProcessorPil(PilBackend):  # transformers' name + "Pil"
     """Nemotron 3 Nano Omni (RADIO): each image resized to a patch grid whose sides are multiples of the
     pixel-shuffle merge, cut into channel-major patches.
 
@@ -66,7 +67,7 @@ class NemotronH_Omni_Reasoning_V3ImageProcessorPil(PilBackend):  # noqa: N801 (t
     min_num_patches = 1024
     max_num_patches = 13312
     max_model_len = 16384
-    model_input_names = ["pixel_values", "image_grid_hw"]
+    model_input_names: ClassVar[list[str]] = ["pixel_values", "image_grid_hw"]
     valid_kwargs = NemotronOmniImagesKwargs
 
     def __init__(self, **kwargs) -> None:

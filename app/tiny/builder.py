@@ -148,7 +148,9 @@ NEMOTRON_OMNI_SPECIALS = ["<image>", "<img>", "</img>", "<think>", "</think>"]
 
 def _build_nemotron_omni(out: Path) -> None:
     """Nemotron 3 Nano Omni: a Mamba2 + attention + MoE decoder (NemotronHForCausalLM) behind a RADIO tower and a
-    pixel-shuffle projector; the real model has no vocabulary headroom, nor has this one."""
+    pixel-shuffle projector; the real model has no vocabulary headroom, nor has this one. Layers as the real
+    pattern begins (Mamba, MoE, attention, Mamba): a Mamba layer after attention is where left padding would
+    reach the recurrent state (attention gives padded positions nonzero outputs)."""
     from transformers import (
         NemotronH_Omni_Reasoning_V3,
         NemotronH_Omni_Reasoning_V3_Config,
@@ -160,7 +162,8 @@ def _build_nemotron_omni(out: Path) -> None:
 
     tok = build_tokenizer(NEMOTRON_OMNI_SPECIALS, templates.NEMOTRON_OMNI)
     text = NemotronHConfig(
-        vocab_size=len(tok), hidden_size=64, layers_block_type=["linear_attention", "full_attention", "moe"],
+        vocab_size=len(tok), hidden_size=64,
+        layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
         mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1, conv_kernel=4, chunk_size=32,
         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
@@ -176,6 +179,15 @@ def _build_nemotron_omni(out: Path) -> None:
         vision_hidden_size=32, image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
     )
     model = NemotronH_Omni_Reasoning_V3(config)
+    # The Omni class's init leaves every Mamba step size at softplus(1) (a memory of about one token): draw them as
+    # NemotronHForCausalLM does (time_step_min..max), so the state carries over many tokens as in trained models.
+    # With std-0.02 projections the state is ~1e-6 and the skip term D * x hides it: unit-scale input projections
+    # and D = 0 make each Mamba layer's output come from its recurrent state, so a wrong state changes the tokens.
+    for layer in model.language_model.model.layers:
+        if layer.block_type == "linear_attention":
+            model.language_model._init_weights(layer.mixer)
+            torch.nn.init.normal_(layer.mixer.in_proj.weight, std=text.hidden_size**-0.5)
+            torch.nn.init.zeros_(layer.mixer.D)
     model.generation_config.eos_token_id = tok.eos_token_id
     # Images become a patch grid of 4..64 patches of 8 px (1..16 image tokens after the 2x2 pixel shuffle).
     image_processor = NemotronH_Omni_Reasoning_V3ImageProcessorPil(patch_size=patch, downsample_ratio=0.5,

@@ -46,7 +46,8 @@ class NemotronOmniImages:
             raise InvalidArgument(f"pixel_values: shape {list(pv.shape)}, expected [patches, {self.patch_dim}]")
         check_float("pixel_values", pv)
         if grid.dim() != 2 or grid.shape[1] != 2 or grid.dtype not in INT_DTYPES:
-            raise InvalidArgument(f"image_grid_hw: shape {list(grid.shape)} {grid.dtype}, expected [images, 2] integers")
+            raise InvalidArgument(f"image_grid_hw: shape {list(grid.shape)} {grid.dtype}, expected [images, 2] "
+                                  "integers")
         if (grid <= 0).any() or (grid % self.merge).any():
             raise InvalidArgument(f"image_grid_hw: {grid.tolist()}, every side must be a positive multiple of "
                                   f"{self.merge}")

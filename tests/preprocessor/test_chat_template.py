@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from transformers import AutoProcessor, AutoTokenizer
+from transformers import AutoTokenizer
 
 from app.tiny import templates
 from preprocessor.core import PreprocessorCore
 from preprocessor.sentinel import SENTINEL_PREFIX, Sentinels
 from preprocessor.template import OPENAI, STRING, content_format
 from splice.errors import SpliceError
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import conversation, hf_processor
 
 STRING_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
                    "{% if add_generation_prompt %}[assistant]{% endif %}{{ suffix | default('') }}")
@@ -28,7 +28,7 @@ def test_content_format_detection():
 TURNS = [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hello."), ("user", "What is 2+2?")]
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-nemotron-omni"])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("as_string", [True, False])
 def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_string):
@@ -46,7 +46,7 @@ def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_
                                                   tokenize=False)
         expected_ids = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)["input_ids"]
     else:
-        proc = AutoProcessor.from_pretrained(tiny_dirs[name], backend="pil")
+        proc = hf_processor(tiny_dirs[name])
         expected_prompt = proc.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         expected_ids = proc(text=expected_prompt, return_tensors="pt")["input_ids"][0].tolist()
     assert norm.prompt == expected_prompt

@@ -7,18 +7,18 @@ import io
 import pytest
 import torch
 from PIL import Image as PILImage
-from transformers import AutoProcessor, AutoTokenizer
+from transformers import AutoTokenizer
 
 from preprocessor.core import PreprocessorCore
 from preprocessor.sentinel import FILLER_ID
 from splice.engine_request import PROMPT_EMBEDS
-from tests.preprocessor.pp_factories import conversation, png_bytes, rows
+from tests.preprocessor.pp_factories import conversation, hf_processor, png_bytes, rows
 
 
 def _hf_ids(path, messages, images):
     """IDs HF itself produces for `messages` (no embeds parts), with a fresh processor/tokenizer."""
     if images:
-        proc = AutoProcessor.from_pretrained(path, backend="pil")
+        proc = hf_processor(path)
         text = proc.apply_chat_template(messages, add_generation_prompt=True)
         out = proc(text=text, images=images, return_tensors="pt")
         return out["input_ids"][0].tolist(), out
@@ -31,7 +31,7 @@ def _without_spans(ids, spans):
     return [t for i, t in enumerate(ids) if i not in drop]
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-nemotron-omni"])
 def test_two_spans_and_an_image(tiny, tiny_dirs, name):
     files, info = tiny[name]
     with_image = name != "tiny-text"
@@ -109,7 +109,7 @@ def test_multiple_images_counts(tiny):
     counts = norm.image_token_counts
     assert len(counts) == 2 and sum(counts) == norm.request.token_ids.count(info.image_token_id)
     # Independent of how the core counts: tiles (incl. the global view) x tokens per tile, from a fresh processor.
-    proc = AutoProcessor.from_pretrained(files.path, backend="pil")
+    proc = hf_processor(files.path)
     for c, (w, h, seed) in zip(counts, [(70, 45, 0), (30, 30, 3)], strict=True):
         pic = PILImage.open(io.BytesIO(png_bytes(w, h, seed))).convert("RGB")
         tiles = proc.image_processor([pic], return_tensors="pt")["pixel_values"].shape[1]

@@ -21,14 +21,14 @@ def _reject(fn, code="INVALID_ARGUMENT") -> str:
     return exc.value.message
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-nemotron-omni"])
 def test_sentinel_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
     msg = _reject(lambda: core.normalize_chat(conversation(("user", ["ok", f"sneaky {Sentinels.text(3)}"]))))
     assert "messages[0].content[1]" in msg and SENTINEL_PREFIX in msg and "sentinel" in msg
 
 
-@pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3"])
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-nemotron-omni"])
 def test_image_placeholder_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
     msg = _reject(lambda: core.normalize_chat(conversation(("system", "x"), ("user", "look <image> here"))))
