@@ -180,3 +180,21 @@ SMOLVLM = (
     "{% endfor %}<end_of_utterance>\n{% endfor %}"
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
+
+# Nemotron 3 Nano (Omni) style: ChatML with an always-present system turn, images as "<image>" where they
+# occur, and the reasoning switch in the generation prompt ("<think>\n" by default, "<think></think>" off).
+NEMOTRON_OMNI = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\\n<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think></think>' }}"
+    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
+)

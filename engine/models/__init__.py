@@ -14,11 +14,13 @@ from engine.models.idefics3 import Idefics3
 from engine.models.lfm2_vl import Lfm2Vl
 from engine.models.llava import Llava
 from engine.models.llava_onevision import LlavaOnevision
+from engine.models.nemotron_h import NemotronH
 from engine.models.qwen2_vl import Qwen2VL
 from engine.models.qwen3_5 import Qwen3_5
 from splice.errors import FailedPrecondition
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4, Qwen2VL, Qwen3_5, Lfm2Vl, LlavaOnevision)
+FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4, Qwen2VL, Qwen3_5, Lfm2Vl, LlavaOnevision,
+                                                NemotronH)
 
 
 def family_for(config: Any) -> type[ModelFamily]:

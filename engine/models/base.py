@@ -92,9 +92,9 @@ class ModelFamily:
         self.config = model.config
         self.device = device
         self.dtype = dtype
-        self.backbone = model.get_decoder()  # the text stack: takes inputs_embeds, returns hidden states
-        self.lm_head = model.get_output_embeddings()  # hidden -> vocabulary logits
-        self.embed = model.get_input_embeddings()  # its rows are ModelInfo.vocab_rows
+        # backbone: the text stack (inputs_embeds -> hidden states); lm_head: hidden -> vocabulary logits;
+        # embed: the input embedding table (its rows are ModelInfo.vocab_rows)
+        self.backbone, self.lm_head, self.embed = self.text_parts(model)
         if self.backbone is None or self.lm_head is None or self.embed is None:
             raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
         self.cache = PaddedKVCache()
@@ -114,6 +114,11 @@ class ModelFamily:
         if model_cls is None:
             raise FailedPrecondition(f"{path}: architecture {arch!r} is not a transformers class")
         return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+
+    @staticmethod
+    def text_parts(model: torch.nn.Module) -> tuple[Any, Any, Any]:
+        """(text stack, output embeddings, input embeddings) of `model`; None where it has none."""
+        return model.get_decoder(), model.get_output_embeddings(), model.get_input_embeddings()
 
     @property
     def text_config(self) -> Any:

@@ -145,4 +145,6 @@ CASES: tuple[FamilyCase, ...] = (
     FamilyCase("tiny-lfm2-vl"),
     FamilyCase("tiny-llava-onevision"),
     FamilyCase("tiny-smolvlm"),
+    # Mamba2 + attention + MoE; no vocabulary headroom; HF's generate runs on the Omni model itself
+    FamilyCase("tiny-nemotron-omni"),
 )

@@ -9,7 +9,7 @@ import torch
 from PIL import Image as PILImage
 
 from preprocessor.content import Conversation, Embeds, Image, Message, RawTensor, Text, Where
-from preprocessor.model_files import ModelFiles, load_model_files
+from preprocessor.model_files import ModelFiles, load_model_files, load_processor
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
 
 _FILES: dict[str, ModelFiles] = {}
@@ -30,6 +30,12 @@ def model_info_from_config(path: str | Path, dtype: str = "float32") -> ModelInf
                      hidden_size=text.hidden_size, dtype=dtype, max_model_len=text.max_position_embeddings,
                      image_token_id=image_token, input_kinds=kinds,
                      eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []))
+
+
+def hf_processor(path: str | Path):
+    """The model's own HF processor with PIL image processors (AutoProcessor, backend="pil"); for processors
+    transformers ships only with torchvision parts, built from their loadable parts (processor_parts.py)."""
+    return load_processor(path)
 
 
 def files_for(path: str | Path) -> ModelFiles:

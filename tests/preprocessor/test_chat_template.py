@@ -36,7 +36,7 @@ TURNS = [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hell
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4",
                                   "tiny-qwen2-vl", "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision",
-                                  "tiny-smolvlm"])
+                                  "tiny-smolvlm", "tiny-nemotron-omni"])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("as_string", [True, False])
 def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_string):

@@ -34,7 +34,8 @@ def _without_spans(ids, spans):
 
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma4", "tiny-qwen2-vl",
-                                  "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm"])
+                                  "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm",
+                                  "tiny-nemotron-omni"])
 def test_two_spans_and_an_image(tiny, tiny_dirs, name):
     files, info = tiny[name]
     with_image = name != "tiny-text"

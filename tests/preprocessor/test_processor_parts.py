@@ -13,7 +13,8 @@ from preprocessor.processor_parts import NoVideoProcessor, save_without_missing_
 
 NEEDS_PARTS = [("tiny-llava-onevision", "LlavaOnevisionProcessor"), ("tiny-smolvlm", "SmolVLMProcessor"),
                ("tiny-gemma4", "Gemma4Processor"), ("tiny-qwen2-vl", "Qwen2VLProcessor"),
-               ("tiny-qwen3.5", "Qwen3VLProcessor"), ("tiny-lfm2-vl", "Lfm2VlProcessor")]
+               ("tiny-qwen3.5", "Qwen3VLProcessor"), ("tiny-lfm2-vl", "Lfm2VlProcessor"),
+               ("tiny-nemotron-omni", "NemotronH_Omni_Reasoning_V3Processor")]
 
 
 @pytest.mark.parametrize(("name", "cls"), NEEDS_PARTS)

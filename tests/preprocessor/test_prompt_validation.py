@@ -22,7 +22,8 @@ def _reject(fn, code="INVALID_ARGUMENT") -> str:
 
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-llava", "tiny-idefics3", "tiny-gemma3", "tiny-gemma4",
-                                  "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm"])
+                                  "tiny-qwen3.5", "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm",
+                                  "tiny-nemotron-omni"])
 def test_sentinel_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
     msg = _reject(lambda: core.normalize_chat(conversation(("user", ["ok", f"sneaky {Sentinels.text(3)}"]))))
@@ -30,7 +31,7 @@ def test_sentinel_text_rejected(tiny, name):
 
 
 @pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-lfm2-vl", "tiny-llava-onevision",
-                                  "tiny-smolvlm"])
+                                  "tiny-smolvlm", "tiny-nemotron-omni"])
 def test_image_placeholder_text_rejected(tiny, name):
     core = PreprocessorCore(*tiny[name])
     msg = _reject(lambda: core.normalize_chat(conversation(("system", "x"), ("user", "look <image> here"))))
