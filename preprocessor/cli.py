@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=DEFAULTS.max_images)
     parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker "
+                             "processes killed after --chat-template-timeout")
+    parser.add_argument("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
+                        help="seconds a request's chat template may take to render, queueing included")
+    parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
+                        help="worker processes rendering request chat templates")
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
@@ -49,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
                   max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
-                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir)
+                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir,
+                  trust_request_chat_template=args.trust_request_chat_template,
+                  chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers)
 
 
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:

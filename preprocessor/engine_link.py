@@ -18,6 +18,7 @@ from preprocessor.engine_client import EngineClient
 from preprocessor.limits import Limits
 from preprocessor.metrics import ENGINE_CONNECTED
 from preprocessor.model_files import ModelFiles, load_model_files
+from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
 from splice.service_main import Resolve
@@ -38,6 +39,9 @@ class EngineLink:
         self._client = EngineClient(target) if target else None
         self._model = model  # where the model files come from; default: the model the engine reports
         self._limits = limits or Limits()
+        # One sandbox for every core this link builds (a core is rebuilt when the engine's model changes).
+        self._sandbox = TemplateSandbox(self._limits.chat_template_workers, self._limits.chat_template_timeout) \
+            if self._limits.trust_request_chat_template and target else None
         self._poll = poll_interval
         self._resolve = resolve
         self._files: dict[str, ModelFiles] = {}  # by source folder: an engine restart reuses them
@@ -71,6 +75,10 @@ class EngineLink:
                 await self._watcher
         if self._client is not None:
             await self._client.close()
+        if self._sandbox is not None:
+            self._sandbox.close()
+        elif self._core is not None:
+            self._core.close()
 
     async def _set_serving(self, serving: bool) -> None:
         self.serving = serving
@@ -87,7 +95,7 @@ class EngineLink:
                 info = await self._client.get_model_info()
                 if self._core is None or self._core.info != info:
                     files = await asyncio.to_thread(self._load, info)
-                    self._core = PreprocessorCore(files, info, self._client, self._limits)
+                    self._core = PreprocessorCore(files, info, self._client, self._limits, self._sandbox)
                     log.info("serving %s (engine %s)", info.model, self._client.target)
                 if not self.serving:
                     await self._set_serving(True)

@@ -98,7 +98,7 @@ def build_app(link: EngineLink, options: HttpOptions) -> FastAPI:
         if isinstance(body, TokenizeChatRequest):
             fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
             conv = convert.conversation_from_http(body, fetched)
-            result = await asyncio.to_thread(core.tokenize_chat, conv)
+            result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)

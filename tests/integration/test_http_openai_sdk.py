@@ -113,9 +113,10 @@ def test_same_answer_as_grpc_and_vllm_extras(client, http_stack):
                     "chat_template_kwargs": {}, "add_generation_prompt": True})
     assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
     template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    custom = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1,
-                                            extra_body={"chat_template": template})
-    assert custom.usage.prompt_tokens < probe.usage.prompt_tokens
+    for extra in ({"chat_template": template}, {"chat_template_kwargs": {"chat_template": template}}):
+        with pytest.raises(openai.BadRequestError) as refused:  # not trusted: no --trust-request-chat-template
+            client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1, extra_body=extra)
+        assert "--trust-request-chat-template" in str(refused.value)
 
 
 def test_safetensors_marker_matches_vllm_encoding(client, soft_prompt):
