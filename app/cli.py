@@ -80,7 +80,11 @@ def _chat(args: argparse.Namespace) -> int:
 
     content: list = []
     for path in args.embeds or []:
-        tensors = load_file(path)
+        try:
+            tensors = load_file(path)
+        except Exception as exc:  # missing, unreadable, not safetensors: one line, not a traceback
+            _say(f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})")
+            return 2
         if len(tensors) != 1:
             _say(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
             return 2
