@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
                         help="request tensor bytes held at once across calls; beyond it RESOURCE_EXHAUSTED")
+    parser.add_argument("--upload-idle-timeout", type=float, default=30.0,
+                        help="seconds a Generate upload may stall between parts before DEADLINE_EXCEEDED")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -43,7 +45,8 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
     cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
                        max_queue=args.max_queue, model_name=args.model,
-                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes)
+                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
+                       upload_idle_timeout=args.upload_idle_timeout)
     server = EngineServer(cfg, args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

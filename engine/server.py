@@ -33,7 +33,9 @@ class EngineServer:
         self.engine = engine
         self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
                                       options=SERVER_OPTIONS)
-        self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes))  # engine attached once warm
+        # engine attached once warm
+        self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
+                                       upload_idle_timeout=cfg.upload_idle_timeout)
         engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -40,6 +40,12 @@ class ResourceExhausted(SpliceError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class DeadlineExceeded(SpliceError):
+    """A time limit of this server ran out (e.g. a client stream went silent mid-upload)."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
 class Unavailable(SpliceError):
     """A dependency (the engine) cannot be reached."""
 

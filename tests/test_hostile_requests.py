@@ -1,9 +1,12 @@
-"""Request messages that do not parse (malformed protobuf, invalid UTF-8 in a string field) are
-INVALID_ARGUMENT with one log line, on both servers and every request shape (unary, client stream)."""
+"""What a caller sends cannot crash or stall a server: request messages that do not parse (malformed protobuf,
+invalid UTF-8 in a string field) are INVALID_ARGUMENT with one log line, on both servers and every request shape
+(unary, client stream); Generate uploads that stall time out and release the engine's tensor budget."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import grpc
 import pytest
@@ -13,11 +16,12 @@ from engine.config import EngineConfig
 from engine.server import EngineServer
 from preprocessor.core import PreprocessorCore
 from preprocessor.server import PreprocessorServer
-from splice.v1 import engine_pb2, preprocessor_pb2
+from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc, preprocessor_pb2
 from tests.preprocessor.pp_factories import files_for, model_info_from_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+IDLE_TIMEOUT = 1.0
 GARBAGE = b"\xff\xff\xff\xff\x0f"  # a field tag whose varint never ends
 
 
@@ -38,10 +42,11 @@ async def pre_address(tiny_dirs):
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine_address(tiny_dirs):
-    server = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-text"]), model_name="tiny-text"))
+async def engine_server(tiny_dirs):
+    server = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-text"]), model_name="tiny-text",
+                                       upload_idle_timeout=IDLE_TIMEOUT))
     await server.start()
-    yield server.address
+    yield server
     await server.stop(grace=0)
 
 
@@ -90,7 +95,8 @@ async def channel_detokenize(address: str) -> str:
         return (await call(preprocessor_pb2.DetokenizeRequest(token_ids=[1, 2]))).text
 
 
-async def test_engine_client_stream(engine_address, caplog):
+async def test_engine_client_stream(engine_server, caplog):
+    engine_address = engine_server.address
     header = engine_pb2.GenerateRequestPart(header=engine_pb2.GenerateHeader(request_id="abcd", token_ids=[1, 2]))
     for parts in ([GARBAGE], [header.SerializeToString(), GARBAGE], [_bad_utf8(header, "abcd")]):
         caplog.clear()
@@ -100,3 +106,51 @@ async def test_engine_client_stream(engine_address, caplog):
                 _ = [c async for c in call]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
         _one_line(caplog)
+
+
+async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_server):
+    info = engine_server.engine.info
+    rows = 4
+    nbytes = rows * info.hidden_size * 4
+    header = engine_pb2.GenerateHeader(
+        request_id="r", token_ids=[1] * (rows + 2),
+        embed_spans=[common_pb2.EmbedSpan(offset=1, length=rows, tensor_index=0)],
+        tensors=[engine_pb2.TensorMeta(name="prompt_embeds", dtype="float32", shape=[rows, info.hidden_size])],
+        sampling=common_pb2.SamplingParams(max_tokens=1))
+    budget = engine_server.servicer.budget
+    saved, budget.limit = budget.limit, 2 * nbytes  # two such requests fill it
+    never = asyncio.Event()
+
+    async def stalls():  # the header, one chunk of half the bytes, then silence
+        yield engine_pb2.GenerateRequestPart(header=header)
+        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
+        await never.wait()
+
+    async def complete():
+        yield engine_pb2.GenerateRequestPart(header=header)
+        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes)))
+
+    try:
+        async with grpc.aio.insecure_channel(engine_server.address) as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            idle = [stub.Generate(stalls()) for _ in range(2)]
+            for _ in range(200):
+                if budget.used == 2 * nbytes:
+                    break
+                await asyncio.sleep(0.01)
+            assert budget.used == 2 * nbytes
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                _ = [r async for r in stub.Generate(complete())]
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            began = time.monotonic()
+            for call in idle:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    _ = [r async for r in call]
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert "--upload-idle-timeout" in err.value.details()
+            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+            assert budget.used == 0
+            done = [r async for r in stub.Generate(complete())]
+            assert done[-1].usage.completion_tokens == 1
+    finally:
+        budget.limit = saved
