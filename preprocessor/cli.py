@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from splice.service_main import Resolve, run_service
@@ -38,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request's chat template may take to render, queueing included")
     parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
                         help="worker processes rendering request chat templates")
+    parser.add_argument("--max-concurrent-requests", type=int, default=256,
+                        help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
+    parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
+                        help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, "
+                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing")
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
@@ -61,6 +67,10 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers)
 
 
+def admission_from_args(args: argparse.Namespace) -> Admission:
+    return Admission(args.max_concurrent_requests, args.max_inflight_request_bytes)
+
+
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
@@ -77,7 +87,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
-                                resolve=resolve, http=http_from_args(args))
+                                resolve=resolve, http=http_from_args(args), admission=admission_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -102,6 +112,7 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
     try:
         limits_from_args(args)
         http_from_args(args)
+        admission_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2

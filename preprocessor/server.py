@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from preprocessor.admission import Admission, AdmissionInterceptor
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http.options import HttpOptions
@@ -33,7 +34,7 @@ class PreprocessorServer:
     def __init__(self, *, engine: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, core: PreprocessorCore | None = None,
                  poll_interval: float = 2.0, resolve: Resolve | None = None, http: HttpOptions | None = None,
-                 ) -> None:
+                 admission: Admission | None = None) -> None:
         """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied).
         `http`: also serve the OpenAI-compatible API (off when None)."""
         self.host, self.port = host, port
@@ -44,6 +45,7 @@ class PreprocessorServer:
         self._server: grpc.aio.Server | None = None
         self._http_options = http
         self._http = None
+        self.admission = admission or Admission()
 
     @property
     def ready(self) -> asyncio.Event:
@@ -52,7 +54,8 @@ class PreprocessorServer:
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
-        server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), AdmissionInterceptor(self.admission)]
+        server = grpc.aio.server(interceptors=interceptors,  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -62,7 +65,8 @@ class PreprocessorServer:
             from preprocessor.http.app import build_app  # FastAPI is imported only when the face is on
             from preprocessor.http.server import HttpServer
 
-            self._http = HttpServer(build_app(self.link, self._http_options), self.host, self._http_options.port)
+            app = build_app(self.link, self._http_options, self.admission)
+            self._http = HttpServer(app, self.host, self._http_options.port)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
