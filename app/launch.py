@@ -36,8 +36,9 @@ class Service:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, grace: float = 10.0) -> int:
-        """SIGTERM (graceful drain), then SIGKILL after `grace` seconds."""
+    def stop(self, grace: float = 30.0) -> int:
+        """SIGTERM (graceful drain: the services' --drain-grace defaults to 20 s), then SIGKILL after `grace`
+        seconds."""
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
             try:

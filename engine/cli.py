@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 
+from splice.drain import DEFAULT_GRACE
 from splice.service_main import Resolve, run_service
 
 
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a Generate upload may stall between parts before DEADLINE_EXCEEDED")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
+    parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
+                        help="on SIGTERM: seconds running streams get to finish (health NOT_SERVING and new calls "
+                             "UNAVAILABLE meanwhile)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -57,7 +61,7 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
         await server.start(on_ready=lambda addr: print(f"engine serving on {addr}", flush=True))
         await stop.wait()
     finally:
-        await server.stop()
+        await server.stop(args.drain_grace)
 
 
 def run(args: argparse.Namespace, resolve: Resolve) -> int:

@@ -14,6 +14,7 @@ from engine.byte_budget import ByteBudget
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
+from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
@@ -31,7 +32,8 @@ class EngineServer:
         self.cfg = cfg
         self.host = host
         self.engine = engine
-        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
+        self._drain = DrainInterceptor()
+        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor(), self._drain],
                                       options=SERVER_OPTIONS)
         # engine attached once warm
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
@@ -73,8 +75,11 @@ class EngineServer:
         await self._set(health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s", self.engine.info.model, self.address)
 
-    async def stop(self, grace: float = 5.0) -> None:
-        await self.health.enter_graceful_shutdown()  # NOT_SERVING while in-flight calls drain
-        await self.server.stop(grace)
+    async def stop(self, grace: float = DEFAULT_GRACE) -> None:
+        """Drains: health NOT_SERVING, new calls UNAVAILABLE, running streams get `grace` seconds to finish."""
+        await self.health.enter_graceful_shutdown()
+        if left := await self._drain.drain(grace):
+            log.warning("drain: %d calls still running after %.0f s; cancelling them", left, grace)
+        await self.server.stop(0)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)

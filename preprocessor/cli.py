@@ -13,6 +13,7 @@ from pathlib import Path
 from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
+from splice.drain import DEFAULT_GRACE
 from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
@@ -56,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
                         help="seconds to fetch one remote image")
+    parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
+                        help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
+                             "requests UNAVAILABLE meanwhile)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -75,7 +79,8 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
     return HttpOptions(port=args.http_port, api_key=args.api_key or os.environ.get("SPLICE_API_KEY") or None,
-                       allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout)
+                       allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
+                       drain_grace=args.drain_grace)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
@@ -105,7 +110,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
             await stopped
         ready.cancel()
     finally:
-        await server.stop()
+        await server.stop(args.drain_grace)
 
 
 def run(args: argparse.Namespace, resolve: Resolve) -> int:

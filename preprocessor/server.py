@@ -8,6 +8,7 @@ engine's ModelInfo was fetched and the model files are loaded, and while the eng
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,12 +20,14 @@ from preprocessor.engine_link import EngineLink
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.servicer import PreprocessorServicer
+from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.service_main import Resolve
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
+log = logging.getLogger(__name__)
 SERVICE = preprocessor_pb2.DESCRIPTOR.services_by_name["Preprocessor"].full_name
 # Tensor payloads (embeds, images) ride in one Chat request: allow up to the largest caps.
 MAX_RECEIVE_BYTES = 512 << 20
@@ -46,6 +49,7 @@ class PreprocessorServer:
         self._http_options = http
         self._http = None
         self.admission = admission or Admission()
+        self._drain = DrainInterceptor()
 
     @property
     def ready(self) -> asyncio.Event:
@@ -54,7 +58,8 @@ class PreprocessorServer:
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
-        interceptors = [MetricsInterceptor(), ErrorInterceptor(), AdmissionInterceptor(self.admission)]
+        # Drain inside admission: a call refused while draining gives its admitted bytes back on the way out.
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), AdmissionInterceptor(self.admission), self._drain]
         server = grpc.aio.server(interceptors=interceptors,  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core), server)
@@ -66,7 +71,7 @@ class PreprocessorServer:
             from preprocessor.http.server import HttpServer
 
             app = build_app(self.link, self._http_options, self.admission)
-            self._http = HttpServer(app, self.host, self._http_options.port)
+            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
@@ -83,10 +88,15 @@ class PreprocessorServer:
         assert self._server is not None
         await self._server.wait_for_termination()
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def stop(self, grace: float = DEFAULT_GRACE) -> None:
+        """Drains: health NOT_SERVING (and it stays so), new calls UNAVAILABLE, running ones get `grace` seconds."""
         await self._health.enter_graceful_shutdown()
+        waits = [self._drain.drain(grace)]
         if self._http is not None:
-            await self._http.stop()
+            waits.append(self._http.stop())  # uvicorn stops listening and waits for its requests the same way
+        left = (await asyncio.gather(*waits))[0]
+        if left:
+            log.warning("drain: %d calls still running after %.0f s; cancelling them", left, grace)
         if self._server is not None:
-            await self._server.stop(grace)
-        await self.link.stop()  # after the grace period: running streams still need the engine channel
+            await self._server.stop(0)
+        await self.link.stop()  # after the drain: running streams still need the engine channel

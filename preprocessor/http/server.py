@@ -42,8 +42,9 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, grace: float = 5.0) -> None:
         self.host, self.port = host, port
+        self.grace = grace
         self._app = app
         self._server: _OnThisLoop | None = None
         self._task: asyncio.Task | None = None
@@ -53,7 +54,7 @@ class HttpServer:
         sock = _listen(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None, log_level="warning",
-                                timeout_keep_alive=30, timeout_graceful_shutdown=5)
+                                timeout_keep_alive=30, timeout_graceful_shutdown=self.grace)
         self._server = _OnThisLoop(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
         while not self._server.started:
