@@ -102,14 +102,18 @@ def _chat(args: argparse.Namespace) -> int:
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     if args.seed is not None:
         sampling["seed"] = args.seed
+    from splice.security import API_KEY_ENV, ClientTLS
+
     try:
-        with SpliceClient(args.target, timeout=args.timeout) as client:
+        tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
+        api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        with SpliceClient(args.target, timeout=args.timeout, tls=tls, api_key=api_key) as client:
             usage = finish = None
             for chunk in client.chat(messages, **sampling):
                 print(chunk.text, end="", flush=True)
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
             print()
-    except SpliceClientError as err:
+    except (SpliceClientError, ValueError) as err:
         _say(f"error: {err}")
         return 1
     if usage:
@@ -168,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
+    p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
+    p.add_argument("--tls-cert", default=None, help="client certificate for a server that requires one (mTLS)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--api-key", default=None, help="the server's key (default: $SPLICE_API_KEY)")
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")

@@ -18,6 +18,7 @@ from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
+from splice.security import ServerTLS, TokenInterceptor
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,15 @@ class EngineServer:
     """Binds first (health answers NOT_SERVING while the model loads), then loads, warms up, serves."""
 
     def __init__(self, cfg: EngineConfig, host: str = "127.0.0.1", port: int = 0,
-                 engine: LLMEngine | None = None) -> None:
+                 engine: LLMEngine | None = None, tls: ServerTLS | None = None, api_key: str | None = None) -> None:
+        """`tls`: serve TLS (mTLS with its CA); `api_key`: the key preprocessors must present."""
         self.cfg = cfg
         self.host = host
         self.engine = engine
         self._drain = DrainInterceptor()
-        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor(), self._drain],
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(api_key)] if api_key else []),
+                        self._drain]
+        self.server = grpc.aio.server(interceptors=interceptors,
                                       options=SERVER_OPTIONS)
         # engine attached once warm
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
@@ -44,7 +48,7 @@ class EngineServer:
         reflection.enable_server_reflection(
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server)
-        self.port = bind(self.server, host, port)
+        self.port = bind(self.server, host, port, tls.credentials() if tls else None)
 
     @property
     def address(self) -> str:

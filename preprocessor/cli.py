@@ -14,6 +14,7 @@ from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from splice.drain import DEFAULT_GRACE
+from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
 from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
@@ -52,7 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve the OpenAI-compatible HTTP API on --host at this port (0: a free one); "
                              "default off")
     parser.add_argument("--api-key", default=None,
-                        help="HTTP API only: require 'Authorization: Bearer KEY' (default: $SPLICE_API_KEY)")
+                        help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header "
+                             "alike (default: $SPLICE_API_KEY); health stays open")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)")
+    parser.add_argument("--engine-tls-ca", default=None,
+                        help="reach the engine over TLS, trusting this PEM CA ('system': the system's roots)")
+    parser.add_argument("--engine-tls-cert", default=None,
+                        help="client certificate to present to the engine (mTLS; with --engine-tls-key)")
+    parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
+    parser.add_argument("--engine-api-key", default=None,
+                        help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
     parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
                         help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
@@ -75,10 +87,23 @@ def admission_from_args(args: argparse.Namespace) -> Admission:
     return Admission(args.max_concurrent_requests, args.max_inflight_request_bytes)
 
 
+def security_from_args(args: argparse.Namespace) -> Security:
+    engine_tls = None
+    if args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key:
+        ca = None if args.engine_tls_ca in (None, "system") else args.engine_tls_ca
+        engine_tls = ClientTLS(ca, args.engine_tls_cert, args.engine_tls_key)
+    return Security(tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca), api_key=_api_key(args),
+                    engine_tls=engine_tls, engine_api_key=args.engine_api_key or os.environ.get(ENGINE_KEY_ENV) or None)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
-    return HttpOptions(port=args.http_port, api_key=args.api_key or os.environ.get("SPLICE_API_KEY") or None,
+    return HttpOptions(port=args.http_port, api_key=_api_key(args),
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
                        drain_grace=args.drain_grace)
 
@@ -92,7 +117,8 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
-                                resolve=resolve, http=http_from_args(args), admission=admission_from_args(args))
+                                resolve=resolve, http=http_from_args(args), admission=admission_from_args(args),
+                                security=security_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -118,6 +144,7 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
         limits_from_args(args)
         http_from_args(args)
         admission_from_args(args)
+        security_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from preprocessor.model_files import ModelFiles, load_model_files
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
+from splice.security import ClientTLS
 from splice.service_main import Resolve
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,12 @@ class EngineLink:
     """Either watches an engine (`target`), or serves a fixed core (tests: files + ModelInfo supplied)."""
 
     def __init__(self, *, target: str | None = None, core: PreprocessorCore | None = None, model: str | None = None,
-                 limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None) -> None:
+                 limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None,
+                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None) -> None:
         if (target is None) == (core is None):
             raise ValueError("pass exactly one of target= or core=")
         self._core = core
-        self._client = EngineClient(target) if target else None
+        self._client = EngineClient(target, engine_tls, engine_api_key) if target else None
         self._model = model  # where the model files come from; default: the model the engine reports
         self._limits = limits or Limits()
         # One sandbox for every core this link builds (a core is rebuilt when the engine's model changes).

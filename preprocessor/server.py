@@ -24,6 +24,7 @@ from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
+from splice.security import Security, TokenInterceptor
 from splice.service_main import Resolve
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -37,13 +38,15 @@ class PreprocessorServer:
     def __init__(self, *, engine: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, core: PreprocessorCore | None = None,
                  poll_interval: float = 2.0, resolve: Resolve | None = None, http: HttpOptions | None = None,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None, security: Security | None = None) -> None:
         """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied).
         `http`: also serve the OpenAI-compatible API (off when None)."""
         self.host, self.port = host, port
         self.http_port: int | None = None  # bound HTTP port once started
+        self.security = security or Security()
         self.link = EngineLink(target=engine, core=core, model=model, limits=limits, poll_interval=poll_interval,
-                               resolve=resolve)
+                               resolve=resolve, engine_tls=self.security.engine_tls,
+                               engine_api_key=self.security.engine_api_key)
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._http_options = http
@@ -59,19 +62,22 @@ class PreprocessorServer:
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
         # Drain inside admission: a call refused while draining gives its admitted bytes back on the way out.
-        interceptors = [MetricsInterceptor(), ErrorInterceptor(), AdmissionInterceptor(self.admission), self._drain]
+        key = self.security.api_key
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(key)] if key else []),
+                        AdmissionInterceptor(self.admission), self._drain]
+        tls = self.security.tls
         server = grpc.aio.server(interceptors=interceptors,  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        self.port = bind(server, self.host, self.port)
+        self.port = bind(server, self.host, self.port, tls.credentials() if tls else None)
         if self._http_options is not None:
             from preprocessor.http.app import build_app  # FastAPI is imported only when the face is on
             from preprocessor.http.server import HttpServer
 
             app = build_app(self.link, self._http_options, self.admission)
-            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace)
+            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace, tls)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
