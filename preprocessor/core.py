@@ -19,8 +19,8 @@ from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
-from preprocessor.template import check_template_policy, request_job
-from preprocessor.template_sandbox import RenderJob, TemplateSandbox
+from preprocessor.template import RenderJob, check_template_policy, request_job
+from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 from splice.request_rules import check_ids

@@ -19,8 +19,7 @@ from preprocessor.images import load_image
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
-from preprocessor.template import check_template_policy, render, request_job
-from preprocessor.template_sandbox import RenderJob
+from preprocessor.template import RenderJob, check_template_policy, render, request_job
 from preprocessor.validate import check_embeds_supported, check_images_supported
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument

@@ -11,6 +11,7 @@ format), so that the processor later finds its own placeholder and expands it.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +21,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from preprocessor.content import Conversation, Embeds, Image, Text
 from preprocessor.sentinel import Sentinels
-from preprocessor.template_sandbox import RenderJob
 from splice.errors import FailedPrecondition, InvalidArgument
 
 STRING = "string"
@@ -103,6 +103,16 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
             content = "".join(pieces)
         out.append({"role": msg.role, "content": content})
     return out
+
+
+@dataclass(frozen=True)
+class RenderJob:
+    """A request template's render, as the sandbox (template_sandbox.py) receives it."""
+
+    template: str
+    messages: dict[str, Any]  # content format ("string" / "openai") -> the messages in that format
+    add_generation_prompt: bool
+    variables: dict[str, Any]  # the tokenizer's special tokens, then the caller's chat_template_kwargs
 
 
 TRUST_FLAG = "--trust-request-chat-template"

@@ -28,10 +28,10 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from preprocessor.template import RenderJob, content_format
 from splice.errors import InvalidArgument, ResourceExhausted, SpliceError, Unavailable, error_with_code
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,6 @@ MAX_PROMPT_CHARS = 16 << 20  # a rendered prompt longer than any context is the 
 _HEADER = struct.Struct(">I")
 # Where `python -m preprocessor.template_sandbox` finds this package, however the parent was started.
 _ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-@dataclass(frozen=True)
-class RenderJob:
-    template: str
-    messages: dict[str, Any]  # content format ("string" / "openai") -> the messages in that format
-    add_generation_prompt: bool
-    variables: dict[str, Any]  # the tokenizer's special tokens, then the caller's chat_template_kwargs
 
 
 class _Worker:
@@ -214,8 +206,6 @@ def _answer(job: dict[str, Any]) -> dict[str, Any]:
     import jinja2
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from preprocessor.template import content_format
-
     try:
         fmt = content_format(job["template"])
         messages = job["messages"].get(fmt)
@@ -244,8 +234,6 @@ def _serve() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the replies
     import jinja2  # noqa: F401  (imports paid before the ready frame, not inside a render's budget)
     import transformers.utils.chat_template_utils  # noqa: F401
-
-    import preprocessor.template  # noqa: F401
 
     ready = json.dumps({"ready": True}).encode()
     replies.write(_HEADER.pack(len(ready)) + ready)
