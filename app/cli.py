@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -38,15 +39,22 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from app.launch import start_stack
+    from app.launch import StartFailed, start_stack
     from app.models import noise_note, resolve_model
+    from app.supervise import Supervisor
 
     resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
     if note := noise_note(args.model):
         _say(note)
-    engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
-                              preprocessor_port=args.port, http_port=args.http_port,
-                              preprocessor_args=_http_args(args), echo=None if args.quiet else _say)
+    echo = None if args.quiet else _say
+    try:
+        engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
+                                  preprocessor_port=args.port, http_port=args.http_port,
+                                  engine_args=shlex.split(args.engine_args),
+                                  preprocessor_args=_http_args(args) + shlex.split(args.preprocessor_args), echo=echo)
+    except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
+        _say(f"splice up: {exc.name} did not start: {exc.reason}")
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -55,14 +63,12 @@ def _up(args: argparse.Namespace) -> int:
     http = f", OpenAI-compatible HTTP on http://{pre.http_address}/v1" if pre.http_address else ""
     print(f"splice up: preprocessor (public API) on {pre.address}{http}, engine on {engine.address}. "
           f"Ctrl-C stops both.", flush=True)
+    supervisor = Supervisor([engine, pre], _say, echo)
     try:
-        while not stop.wait(0.5):
-            for service in (engine, pre):
-                if not service.alive:
-                    _say(f"{service.name} exited with code {service.proc.returncode}; stopping")
-                    return 1
+        supervisor.run(stop)
         return 0
     finally:
+        engine, pre = supervisor.services
         pre.stop()
         engine.stop()
 
@@ -80,7 +86,11 @@ def _chat(args: argparse.Namespace) -> int:
 
     content: list = []
     for path in args.embeds or []:
-        tensors = load_file(path)
+        try:
+            tensors = load_file(path)
+        except Exception as exc:  # missing, unreadable, not safetensors: one line, not a traceback
+            _say(f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})")
+            return 2
         if len(tensors) != 1:
             _say(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
             return 2
@@ -92,14 +102,18 @@ def _chat(args: argparse.Namespace) -> int:
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     if args.seed is not None:
         sampling["seed"] = args.seed
+    from splice.security import API_KEY_ENV, ClientTLS
+
     try:
-        with SpliceClient(args.target, timeout=args.timeout) as client:
+        tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
+        api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        with SpliceClient(args.target, timeout=args.timeout, tls=tls, api_key=api_key) as client:
             usage = finish = None
             for chunk in client.chat(messages, **sampling):
                 print(chunk.text, end="", flush=True)
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
             print()
-    except SpliceClientError as err:
+    except (SpliceClientError, ValueError) as err:
         _say(f"error: {err}")
         return 1
     if usage:
@@ -129,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     preprocessor_cli.add_arguments(p)
     p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor")))
 
-    p = sub.add_parser("up", help="start engine + preprocessor locally; Ctrl-C stops both")
+    p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
+                       "Ctrl-C stops both")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"tiny model name {sorted(TINY_MODELS)}, HF folder or id")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
@@ -139,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: $SPLICE_API_KEY)")
     p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
                    help="hosts whose http(s) image URLs the HTTP API may fetch")
+    p.add_argument("--engine-args", default="", metavar="'FLAGS'",
+                   help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
+    p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
+                   help="more `splice preprocessor` flags, e.g. '--trust-request-chat-template'")
     p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
     p.set_defaults(func=_up)
 
@@ -153,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
+    p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
+    p.add_argument("--tls-cert", default=None, help="client certificate for a server that requires one (mTLS)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--api-key", default=None, help="the server's key (default: $SPLICE_API_KEY)")
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")

@@ -24,6 +24,16 @@ READY = re.compile(r"^(engine|preprocessor) serving on (\S+:\d+)\s*$")
 HTTP_READY = re.compile(r"^http serving on (\S+:\d+)\s*$")
 
 
+class StartFailed(RuntimeError):
+    """A service exited (or hung) before its ready line; `reason` is its last line, its own one-line error."""
+
+    def __init__(self, name: str, code: int | None, output: list[str]) -> None:
+        self.name, self.code = name, code
+        self.reason = next((line for line in reversed(output) if line.strip()), "no output")
+        tail = "\n".join(output[-30:])
+        super().__init__(f"{name} did not become ready (exit code {code}); last output:\n{tail}")
+
+
 @dataclass
 class Service:
     name: str  # "engine" | "preprocessor"
@@ -31,13 +41,23 @@ class Service:
     address: str = ""  # HOST:PORT once ready
     http_address: str = ""  # HOST:PORT of the OpenAI-compatible HTTP face, if it serves one
     output: list[str] = field(default_factory=list)  # every line the process printed
+    args: list[str] = field(default_factory=list)  # its command-line arguments (after the service name)
+
+    def restart_args(self) -> list[str]:
+        """Its arguments with --port pinned to the port it got (a port-0 service restarts where it was)."""
+        args = list(self.args)
+        for flag, address in (("--port", self.address), ("--http-port", self.http_address)):
+            if flag in args and address:
+                args[args.index(flag) + 1] = address.rsplit(":", 1)[1]
+        return args
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, grace: float = 10.0) -> int:
-        """SIGTERM (graceful drain), then SIGKILL after `grace` seconds."""
+    def stop(self, grace: float = 30.0) -> int:
+        """SIGTERM (graceful drain: the services' --drain-grace defaults to 20 s), then SIGKILL after `grace`
+        seconds."""
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -59,7 +79,7 @@ def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, 
     cmd = [sys.executable, "-u", "-m", "app.cli", name, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env={**os.environ, **(env or {})})
-    service = Service(name, proc)
+    service = Service(name, proc, args=list(args))
     ready = threading.Event()
 
     def pump() -> None:
@@ -80,8 +100,7 @@ def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, 
     threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
     if not ready.wait(timeout) or not service.address:
         service.kill()
-        tail = "\n".join(service.output[-30:])
-        raise RuntimeError(f"{name} did not become ready (exit code {proc.poll()}); last output:\n{tail}")
+        raise StartFailed(name, proc.poll(), service.output)
     return service
 
 

@@ -12,12 +12,16 @@ from clients.requests import chat_request, complete_request, tokenize_request, t
 from clients.sync_client import CHANNEL_OPTIONS
 from clients.types import Chunk, Tokenized
 from splice.model_info import ModelInfo
+from splice.security import ClientTLS, bearer, channel
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 
 class AsyncSpliceClient:
-    def __init__(self, target: str, timeout: float | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def __init__(self, target: str, timeout: float | None = None, *, tls: ClientTLS | None = None,
+                 api_key: str | None = None) -> None:
+        """As SpliceClient."""
+        self._channel = channel(target, tls, CHANNEL_OPTIONS, aio=True)
+        self._metadata = bearer(api_key)
         self._stub = preprocessor_pb2_grpc.PreprocessorStub(self._channel)
         self._timeout = timeout
 
@@ -55,12 +59,12 @@ class AsyncSpliceClient:
 
     async def _unary(self, method, request):
         try:
-            return await method(request, timeout=self._timeout)
+            return await method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
 
     async def _stream(self, method, request) -> AsyncIterator[Chunk]:
-        call = method(request, timeout=self._timeout)
+        call = method(request, timeout=self._timeout, metadata=self._metadata)
         try:
             async for pb in call:
                 yield Chunk.from_pb(pb)

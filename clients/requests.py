@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import struct_pb2
@@ -17,7 +18,27 @@ from splice.tensors import tensor_to_pb
 from splice.v1 import common_pb2
 from splice.v1 import preprocessor_pb2 as pp
 
+R = TypeVar("R")
 
+
+def _client_errors(build: Callable[..., R]) -> Callable[..., R]:
+    """What the server would refuse (an unsupported dtype...) or cannot be read here (an image path) is raised
+    as SpliceClientError, the one exception type callers handle; TypeErrors stay programming errors."""
+
+    @functools.wraps(build)
+    def wrapper(*args: Any, **kwargs: Any) -> R:
+        try:
+            return build(*args, **kwargs)
+        except SpliceError as exc:
+            raise SpliceClientError(grpc.StatusCode[exc.code], exc.message) from None
+        except OSError as exc:
+            raise SpliceClientError(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"cannot read {exc.filename or 'a file'}: {exc.strerror or exc}") from None
+
+    return wrapper
+
+
+@_client_errors
 def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generation_prompt: bool | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None,
                  **sampling: Any) -> pp.ChatRequest:
@@ -35,6 +56,7 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
     return req
 
 
+@_client_errors
 def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling: Any) -> pp.CompleteRequest:
     """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings)."""
     parts = []
@@ -57,6 +79,7 @@ def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling:
     return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
 
 
+@_client_errors
 def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None, add_special_tokens: bool = False,
                      **kwargs: Any) -> pp.TokenizeRequest:
     if text is not None:

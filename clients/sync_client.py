@@ -12,6 +12,7 @@ from clients.requests import chat_request, complete_request, tokenize_request, t
 from clients.types import Chunk, Tokenized
 from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
+from splice.security import ClientTLS, bearer, channel
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 # Prompt embeddings and images make requests larger than gRPC's 4 MiB default.
@@ -21,8 +22,12 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 
 
 class SpliceClient:
-    def __init__(self, target: str, timeout: float | None = None) -> None:
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def __init__(self, target: str, timeout: float | None = None, *, tls: ClientTLS | None = None,
+                 api_key: str | None = None) -> None:
+        """`tls`: connect over TLS (ClientTLS(ca=..., cert=..., key=...) for mTLS); `api_key`: the server's
+        --api-key, sent as `authorization: Bearer` metadata on every call."""
+        self._channel = channel(target, tls, CHANNEL_OPTIONS)
+        self._metadata = bearer(api_key)
         self._stub = preprocessor_pb2_grpc.PreprocessorStub(self._channel)
         self._timeout = timeout
 
@@ -59,12 +64,12 @@ class SpliceClient:
 
     def _unary(self, method, request):
         try:
-            return method(request, timeout=self._timeout)
+            return method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
 
     def _stream(self, method, request) -> Iterator[Chunk]:
-        call = method(request, timeout=self._timeout)
+        call = method(request, timeout=self._timeout, metadata=self._metadata)
         try:
             for pb in call:
                 yield Chunk.from_pb(pb)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 
+from splice.drain import DEFAULT_GRACE
+from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import Resolve, run_service
 
 
@@ -26,8 +30,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
                         help="request tensor bytes held at once across calls; beyond it RESOURCE_EXHAUSTED")
+    parser.add_argument("--upload-idle-timeout", type=float, default=30.0,
+                        help="seconds a Generate upload may stall between parts before DEADLINE_EXCEEDED")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None,
+                        help="PEM CA: require client certificates signed by it (mTLS)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'authorization: Bearer KEY' from callers, i.e. preprocessors "
+                             "(default: $SPLICE_ENGINE_API_KEY); health stays open")
+    parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
+                        help="on SIGTERM: seconds running streams get to finish (health NOT_SERVING and new calls "
+                             "UNAVAILABLE meanwhile)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -43,8 +59,10 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
     cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
                        max_queue=args.max_queue, model_name=args.model,
-                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes)
-    server = EngineServer(cfg, args.host, args.port)
+                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
+                       upload_idle_timeout=args.upload_idle_timeout)
+    server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
+                          api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -54,8 +72,13 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
         await server.start(on_ready=lambda addr: print(f"engine serving on {addr}", flush=True))
         await stop.wait()
     finally:
-        await server.stop()
+        await server.stop(args.drain_grace)
 
 
 def run(args: argparse.Namespace, resolve: Resolve) -> int:
+    try:
+        server_tls(args.tls_cert, args.tls_key, args.tls_ca)
+    except ValueError as exc:
+        print(f"splice engine: {exc}", file=sys.stderr)
+        return 2
     return run_service("engine", _serve(args, resolve), args.log_level)

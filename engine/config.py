@@ -23,6 +23,9 @@ class EngineConfig:
     # request tensor bytes (embeds, pixels) held at once across all calls being received, queued or running;
     # past it new calls get RESOURCE_EXHAUSTED instead of the process running out of memory
     max_inflight_tensor_bytes: int = 4 << 30
+    # seconds a Generate stream may go without sending its next part while uploading; then it fails
+    # DEADLINE_EXCEEDED and releases its share of the budget above (idle uploads cannot starve the others)
+    upload_idle_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -39,6 +42,8 @@ class EngineConfig:
                              f"({self.max_running_seqs}): every running sequence decodes one position per step")
         if self.max_inflight_tensor_bytes < 1:
             raise ValueError(f"max_inflight_tensor_bytes must be >= 1, got {self.max_inflight_tensor_bytes}")
+        if self.upload_idle_timeout <= 0:
+            raise ValueError(f"upload_idle_timeout must be > 0, got {self.upload_idle_timeout}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

@@ -14,9 +14,11 @@ from engine.byte_budget import ByteBudget
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
+from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
+from splice.security import ServerTLS, TokenInterceptor
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -27,20 +29,26 @@ class EngineServer:
     """Binds first (health answers NOT_SERVING while the model loads), then loads, warms up, serves."""
 
     def __init__(self, cfg: EngineConfig, host: str = "127.0.0.1", port: int = 0,
-                 engine: LLMEngine | None = None) -> None:
+                 engine: LLMEngine | None = None, tls: ServerTLS | None = None, api_key: str | None = None) -> None:
+        """`tls`: serve TLS (mTLS with its CA); `api_key`: the key preprocessors must present."""
         self.cfg = cfg
         self.host = host
         self.engine = engine
-        self.server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
+        self._drain = DrainInterceptor()
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(api_key)] if api_key else []),
+                        self._drain]
+        self.server = grpc.aio.server(interceptors=interceptors,
                                       options=SERVER_OPTIONS)
-        self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes))  # engine attached once warm
+        # engine attached once warm
+        self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
+                                       upload_idle_timeout=cfg.upload_idle_timeout)
         engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server)
-        self.port = bind(self.server, host, port)
+        self.port = bind(self.server, host, port, tls.credentials() if tls else None)
 
     @property
     def address(self) -> str:
@@ -71,8 +79,11 @@ class EngineServer:
         await self._set(health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s", self.engine.info.model, self.address)
 
-    async def stop(self, grace: float = 5.0) -> None:
-        await self.health.enter_graceful_shutdown()  # NOT_SERVING while in-flight calls drain
-        await self.server.stop(grace)
+    async def stop(self, grace: float = DEFAULT_GRACE) -> None:
+        """Drains: health NOT_SERVING, new calls UNAVAILABLE, running streams get `grace` seconds to finish."""
+        await self.health.enter_graceful_shutdown()
+        if left := await self._drain.drain(grace):
+            log.warning("drain: %d calls still running after %.0f s; cancelling them", left, grace)
+        await self.server.stop(0)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)

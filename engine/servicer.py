@@ -6,6 +6,7 @@ A cancelled call cancels this handler's task; leaving `engine.generate` aborts t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,16 +14,28 @@ import grpc
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
 from splice.engine_wire import RequestAssembler
-from splice.errors import InvalidArgument, Unavailable
+from splice.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     """`engine` may be set after the server starts; until then calls get UNAVAILABLE (health says so too)."""
 
-    def __init__(self, engine: LLMEngine | None = None, budget: ByteBudget | None = None) -> None:
+    def __init__(self, engine: LLMEngine | None = None, budget: ByteBudget | None = None,
+                 upload_idle_timeout: float = 30.0) -> None:
         self.engine = engine
         self.budget = budget or ByteBudget(4 << 30)
+        self.upload_idle_timeout = upload_idle_timeout
+
+    async def _next(self, parts: AsyncIterator[engine_pb2.GenerateRequestPart], received: int,
+                    ) -> engine_pb2.GenerateRequestPart | None:
+        """The next request part, or None at the end; a stream silent for upload_idle_timeout fails, which
+        releases whatever budget its call holds."""
+        try:
+            return await asyncio.wait_for(anext(parts, None), self.upload_idle_timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(f"the Generate stream sent nothing for {self.upload_idle_timeout:g} s after "
+                                   f"{received} parts; its upload is abandoned (--upload-idle-timeout)") from None
 
     def _ready(self) -> LLMEngine:
         if self.engine is None:
@@ -34,19 +47,22 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         engine = self._ready()
         assembler = RequestAssembler()
         parts = aiter(request_iterator)
-        first = await anext(parts, None)
+        first = await self._next(parts, 0)
         if first is None:
             raise InvalidArgument("Generate stream is empty; a header comes first")
         assembler.feed(first)  # the header: declared sizes are known before any tensor byte arrives
         if not self.budget.fits(assembler.declared_bytes):
             # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
             # send failure (INTERNAL) instead of this status.
-            async for _ in parts:
-                pass
+            received = 1
+            while await self._next(parts, received) is not None:
+                received += 1
             raise self.budget.refusal(assembler.declared_bytes)
         with self.budget.hold(assembler.declared_bytes):
-            async for part in parts:
+            received = 1
+            while (part := await self._next(parts, received)) is not None:
                 assembler.feed(part)
+                received += 1
             async for out in engine.generate(assembler.finish()):
                 yield out.to_pb()
 

@@ -10,8 +10,11 @@ import signal
 import sys
 from pathlib import Path
 
+from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
+from splice.drain import DEFAULT_GRACE
+from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
 from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
@@ -31,6 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=DEFAULTS.max_images)
     parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker "
+                             "processes killed after --chat-template-timeout")
+    parser.add_argument("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
+                        help="seconds a request's chat template may take to render, queueing included")
+    parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
+                        help="worker processes rendering request chat templates")
+    parser.add_argument("--max-concurrent-requests", type=int, default=256,
+                        help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
+    parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
+                        help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, "
+                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing")
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
@@ -38,25 +53,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve the OpenAI-compatible HTTP API on --host at this port (0: a free one); "
                              "default off")
     parser.add_argument("--api-key", default=None,
-                        help="HTTP API only: require 'Authorization: Bearer KEY' (default: $SPLICE_API_KEY)")
+                        help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header "
+                             "alike (default: $SPLICE_API_KEY); health stays open")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)")
+    parser.add_argument("--engine-tls-ca", default=None,
+                        help="reach the engine over TLS, trusting this PEM CA ('system': the system's roots)")
+    parser.add_argument("--engine-tls-cert", default=None,
+                        help="client certificate to present to the engine (mTLS; with --engine-tls-key)")
+    parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
+    parser.add_argument("--engine-api-key", default=None,
+                        help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
     parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
                         help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
                         help="seconds to fetch one remote image")
+    parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
+                        help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
+                             "requests UNAVAILABLE meanwhile)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
                   max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
-                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir)
+                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir,
+                  trust_request_chat_template=args.trust_request_chat_template,
+                  chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers)
+
+
+def admission_from_args(args: argparse.Namespace) -> Admission:
+    return Admission(args.max_concurrent_requests, args.max_inflight_request_bytes)
+
+
+def security_from_args(args: argparse.Namespace) -> Security:
+    engine_tls = None
+    if args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key:
+        ca = None if args.engine_tls_ca in (None, "system") else args.engine_tls_ca
+        engine_tls = ClientTLS(ca, args.engine_tls_cert, args.engine_tls_key)
+    return Security(tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca), api_key=_api_key(args),
+                    engine_tls=engine_tls, engine_api_key=args.engine_api_key or os.environ.get(ENGINE_KEY_ENV) or None)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
-    return HttpOptions(port=args.http_port, api_key=args.api_key or os.environ.get("SPLICE_API_KEY") or None,
-                       allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout)
+    return HttpOptions(port=args.http_port, api_key=_api_key(args),
+                       allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
+                       drain_grace=args.drain_grace)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
@@ -68,7 +117,8 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         print(f"preprocessor metrics on {exporter.address}", flush=True)
     server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
-                                resolve=resolve, http=http_from_args(args))
+                                resolve=resolve, http=http_from_args(args), admission=admission_from_args(args),
+                                security=security_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -86,13 +136,15 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
             await stopped
         ready.cancel()
     finally:
-        await server.stop()
+        await server.stop(args.drain_grace)
 
 
 def run(args: argparse.Namespace, resolve: Resolve) -> int:
     try:
         limits_from_args(args)
         http_from_args(args)
+        admission_from_args(args)
+        security_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
         return 2

@@ -87,6 +87,8 @@ class Message:
     def __post_init__(self) -> None:
         if not self.role:
             raise InvalidArgument(f"messages[{self.index}]: role is empty")
+        if not self.parts:
+            raise InvalidArgument(f"messages[{self.index}]: content is empty; send text or at least one content part")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 from preprocessor import metrics
@@ -19,6 +19,8 @@ from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.stream import EngineBackend, stream_generation
+from preprocessor.template import RenderJob, check_template_policy, request_job
+from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 from splice.request_rules import check_ids
@@ -29,20 +31,48 @@ MAX_DETOKENIZE_IDS = 1 << 20
 
 class PreprocessorCore:
     def __init__(self, files: ModelFiles, info: ModelInfo, engine: EngineBackend | None = None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, sandbox: TemplateSandbox | None = None) -> None:
+        """`sandbox` renders request templates (when limits trust them); default: one of this core's own,
+        started on first use and ended by close()."""
         self.files = files
         self.info = info
         self.limits = limits or Limits()
         self._engine = engine
+        self._own_sandbox = sandbox is None and self.limits.trust_request_chat_template
+        self._sandbox = sandbox
+        if self._own_sandbox:
+            self._sandbox = TemplateSandbox(self.limits.chat_template_workers, self.limits.chat_template_timeout)
+
+    def close(self) -> None:
+        if self._own_sandbox and self._sandbox is not None:
+            self._sandbox.close()
+
+    def _render_request(self, job: RenderJob) -> str:
+        if self._sandbox is None:
+            raise RuntimeError("request templates are trusted but this core has no template sandbox")
+        return self._sandbox.render(job)
+
+    async def _prerendered(self, conv: Conversation) -> Callable[[RenderJob], str] | None:
+        """A request template rendered on the sandbox before normalization takes a thread: waiting for a free
+        worker then holds no thread that other requests need."""
+        if conv.chat_template is None:
+            return None
+        check_template_policy(conv, self.limits.trust_request_chat_template, self.limits.max_chat_template_bytes)
+        if self._sandbox is None:
+            raise RuntimeError("request templates are trusted but this core has no template sandbox")
+        f = self.files
+        prompt = await self._sandbox.render_async(request_job(f.tokenizer, conv, f.image_placeholder, f.sentinels))
+        return lambda job: prompt
 
     @staticmethod
     def _request_id(request_id: str) -> str:
         return request_id or uuid.uuid4().hex
 
     def normalize_chat(self, conv: Conversation, sampling: SamplingParams | None = None,
-                       request_id: str = "", count_images: bool = False) -> Normalized:
+                       request_id: str = "", count_images: bool = False,
+                       render_request: Callable[[RenderJob], str] | None = None) -> Normalized:
         return normalize_chat(conv, sampling or SamplingParams(), self._request_id(request_id), self.files,
-                              self.info, self.limits, count_images)
+                              self.info, self.limits, count_images, render_request or self._render_request)
 
     def normalize_complete(self, parts: Sequence[PromptPart], sampling: SamplingParams | None = None,
                            request_id: str = "") -> Normalized:
@@ -54,7 +84,8 @@ class PreprocessorCore:
         arrival = time.perf_counter()
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread:
         # image processing and tensor decoding would otherwise stall every other stream on this loop.
-        normalized = await asyncio.to_thread(self.normalize_chat, conv, sampling, request_id)
+        rendered = await self._prerendered(conv)
+        normalized = await asyncio.to_thread(self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, len(conv.parts(Image)))
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
         async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
@@ -84,8 +115,10 @@ class PreprocessorCore:
                     metrics.E2E_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
                 yield chunk
 
-    def tokenize_chat(self, conv: Conversation) -> TokenizeResult:
-        n = self.normalize_chat(conv, count_images=True)
+    async def tokenize_chat(self, conv: Conversation) -> TokenizeResult:
+        rendered = await self._prerendered(conv)
+        # In a thread, like Chat's normalization: images, embeds and long texts would stall every stream.
+        n = await asyncio.to_thread(self.normalize_chat, conv, None, "", True, rendered)
         return TokenizeResult(tuple(n.request.token_ids),
                               tuple((s.offset, s.length, s.tensor_index) for s in n.request.embed_spans),
                               n.prompt, n.image_token_counts)

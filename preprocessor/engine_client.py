@@ -17,6 +17,7 @@ from splice.engine_wire import encode_request
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
+from splice.security import ClientTLS, bearer, channel
 from splice.v1 import common_pb2, engine_pb2_grpc
 
 
@@ -36,15 +37,18 @@ def map_rpc_error(exc: grpc.aio.AioRpcError, target: str) -> SpliceError:
 
 
 class EngineClient:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, tls: ClientTLS | None = None, api_key: str | None = None) -> None:
+        """`tls`: reach the engine over TLS (with a client certificate for mTLS); `api_key`: the engine's key."""
         self.target = target
         # Tensor chunks keep each message small; responses are small too, so default limits suffice.
-        self._channel = grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
+        self._channel = channel(target, tls, CLIENT_OPTIONS, aio=True)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
+        self._metadata = bearer(api_key)
 
     async def get_model_info(self, timeout: float = 5.0) -> ModelInfo:
         try:
-            pb = await self._stub.GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=timeout)
+            pb = await self._stub.GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=timeout,
+                                               metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise map_rpc_error(exc, self.target) from None
         return ModelInfo.from_pb(pb)
@@ -52,7 +56,7 @@ class EngineClient:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         # Tensor bytes are copied out in a thread: for large images or embeds that would stall the loop.
         parts = await asyncio.to_thread(lambda: list(encode_request(request)))
-        call = self._stub.Generate(iter(parts))
+        call = self._stub.Generate(iter(parts), metadata=self._metadata)
         try:
             async for pb in call:
                 yield EngineOutput.from_pb(pb)

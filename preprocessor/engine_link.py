@@ -18,8 +18,10 @@ from preprocessor.engine_client import EngineClient
 from preprocessor.limits import Limits
 from preprocessor.metrics import ENGINE_CONNECTED
 from preprocessor.model_files import ModelFiles, load_model_files
+from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
+from splice.security import ClientTLS
 from splice.service_main import Resolve
 
 log = logging.getLogger(__name__)
@@ -31,13 +33,17 @@ class EngineLink:
     """Either watches an engine (`target`), or serves a fixed core (tests: files + ModelInfo supplied)."""
 
     def __init__(self, *, target: str | None = None, core: PreprocessorCore | None = None, model: str | None = None,
-                 limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None) -> None:
+                 limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None,
+                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None) -> None:
         if (target is None) == (core is None):
             raise ValueError("pass exactly one of target= or core=")
         self._core = core
-        self._client = EngineClient(target) if target else None
+        self._client = EngineClient(target, engine_tls, engine_api_key) if target else None
         self._model = model  # where the model files come from; default: the model the engine reports
         self._limits = limits or Limits()
+        # One sandbox for every core this link builds (a core is rebuilt when the engine's model changes).
+        self._sandbox = TemplateSandbox(self._limits.chat_template_workers, self._limits.chat_template_timeout) \
+            if self._limits.trust_request_chat_template and target else None
         self._poll = poll_interval
         self._resolve = resolve
         self._files: dict[str, ModelFiles] = {}  # by source folder: an engine restart reuses them
@@ -71,6 +77,10 @@ class EngineLink:
                 await self._watcher
         if self._client is not None:
             await self._client.close()
+        if self._sandbox is not None:
+            self._sandbox.close()
+        elif self._core is not None:
+            self._core.close()
 
     async def _set_serving(self, serving: bool) -> None:
         self.serving = serving
@@ -87,7 +97,7 @@ class EngineLink:
                 info = await self._client.get_model_info()
                 if self._core is None or self._core.info != info:
                     files = await asyncio.to_thread(self._load, info)
-                    self._core = PreprocessorCore(files, info, self._client, self._limits)
+                    self._core = PreprocessorCore(files, info, self._client, self._limits, self._sandbox)
                     log.info("serving %s (engine %s)", info.model, self._client.target)
                 if not self.serving:
                     await self._set_serving(True)

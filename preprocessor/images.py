@@ -81,7 +81,9 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
         raise InvalidArgument(f"{part.where}: image is empty")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
+            # Splice's cap is checked right below; PIL's own (89M pixels) only warns there, but refuses twice
+            # that in open(), handled below with Splice's cap in the message.
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
             img = PILImage.open(io.BytesIO(blob))  # reads the header only
             width, height = img.size
             if width * height > limits.max_image_pixels:
@@ -91,8 +93,10 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
             return img.convert("RGB")
     except InvalidArgument:
         raise
-    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning) as exc:
-        raise InvalidArgument(f"{part.where}: image refused as too large: {exc}") from None
+    except PILImage.DecompressionBombError as exc:
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{pixels.group(1)} pixels" if pixels else "larger than PIL's decompression-bomb limit"
+        raise InvalidArgument(f"{part.where}: image is {size}; at most {limits.max_image_pixels}") from None
     except Exception as exc:  # PIL raises many types for corrupt files (OSError, SyntaxError, ValueError...)
         # PIL's messages name its in-memory file object ("<_io.BytesIO object at 0x...>"): not the caller's
         detail = re.sub(r"<_io\.\w+ object at 0x[0-9a-f]+>", "the image data", str(exc))[:200]

@@ -1,4 +1,4 @@
-"""Caps on what a request may make the preprocessor decode or allocate, checked before allocation."""
+"""Caps on what a request may make the preprocessor decode, allocate or run, checked before allocation."""
 
 from __future__ import annotations
 
@@ -18,13 +18,21 @@ class Limits:
     max_embeds_bytes: int = 256 * MiB  # per prompt_embeds part, as its dense tensor in the source dtype
     max_embeds_parts: int = 32  # per request
     allowed_media_dir: Path | None = None  # local image paths are refused unless this is set
+    # Request chat templates are programs: refused unless trusted, then rendered in killable worker processes.
+    trust_request_chat_template: bool = False
+    chat_template_timeout: float = 2.0  # seconds a request template may take to render (queueing included)
+    chat_template_workers: int = 2  # worker processes rendering request templates
+    max_chat_template_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts"):
+        for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts",
+                     "chat_template_workers", "max_chat_template_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_embeds_parts > MAX_EMBEDS_PARTS:
             raise ValueError(f"Limits.max_embeds_parts must be <= {MAX_EMBEDS_PARTS} (one sentinel token per part), "
                              f"got {self.max_embeds_parts}")
+        if self.chat_template_timeout <= 0:
+            raise ValueError(f"Limits.chat_template_timeout must be > 0, got {self.chat_template_timeout}")
         if self.allowed_media_dir is not None and not Path(self.allowed_media_dir).is_dir():
             raise ValueError(f"allowed media dir {self.allowed_media_dir} is not a directory")

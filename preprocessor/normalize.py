@@ -7,7 +7,7 @@ engine's ModelInfo. Complete uses no sentinels: its IDs and spans are built from
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from preprocessor.images import load_image
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
-from preprocessor.template import render
+from preprocessor.template import RenderJob, check_template_policy, render, request_job
 from preprocessor.validate import check_embeds_supported, check_images_supported
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -85,15 +85,23 @@ def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFil
 
 
 def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str, files: ModelFiles,
-                   info: ModelInfo, limits: Limits, count_images: bool = False) -> Normalized:
+                   info: ModelInfo, limits: Limits, count_images: bool = False,
+                   render_request: Callable[[RenderJob], str] | None = None) -> Normalized:
     """`count_images` fills Normalized.image_token_counts (Tokenize's answer); tiled layouts pay a processor
-    run per image for it, so the generation path leaves it off."""
+    run per image for it, so the generation path leaves it off. `render_request` renders the request's own
+    template (the sandbox; or a prompt rendered beforehand)."""
+    check_template_policy(conv, limits.trust_request_chat_template, limits.max_chat_template_bytes)
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
     rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
     pictures = [load_image(p, limits) for p in images]
-    prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder, files.sentinels)
+    if conv.chat_template is None:
+        prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder, files.sentinels)
+    elif render_request is None:
+        raise RuntimeError("a request chat template needs render_request")
+    else:
+        prompt = render_request(request_job(files.tokenizer, conv, files.image_placeholder, files.sentinels))
     ids, model_inputs = _tokenize(prompt, pictures, files)
     if pictures and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "

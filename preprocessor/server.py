@@ -8,22 +8,27 @@ engine's ModelInfo was fetched and the model files are loaded, and while the eng
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from preprocessor.admission import Admission, AdmissionInterceptor
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.servicer import PreprocessorServicer
+from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.metrics_interceptor import MetricsInterceptor
+from splice.security import Security, TokenInterceptor
 from splice.service_main import Resolve
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
+log = logging.getLogger(__name__)
 SERVICE = preprocessor_pb2.DESCRIPTOR.services_by_name["Preprocessor"].full_name
 # Tensor payloads (embeds, images) ride in one Chat request: allow up to the largest caps.
 MAX_RECEIVE_BYTES = 512 << 20
@@ -33,17 +38,21 @@ class PreprocessorServer:
     def __init__(self, *, engine: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, core: PreprocessorCore | None = None,
                  poll_interval: float = 2.0, resolve: Resolve | None = None, http: HttpOptions | None = None,
-                 ) -> None:
+                 admission: Admission | None = None, security: Security | None = None) -> None:
         """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied).
         `http`: also serve the OpenAI-compatible API (off when None)."""
         self.host, self.port = host, port
         self.http_port: int | None = None  # bound HTTP port once started
+        self.security = security or Security()
         self.link = EngineLink(target=engine, core=core, model=model, limits=limits, poll_interval=poll_interval,
-                               resolve=resolve)
+                               resolve=resolve, engine_tls=self.security.engine_tls,
+                               engine_api_key=self.security.engine_api_key)
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._http_options = http
         self._http = None
+        self.admission = admission or Admission()
+        self._drain = DrainInterceptor()
 
     @property
     def ready(self) -> asyncio.Event:
@@ -52,17 +61,23 @@ class PreprocessorServer:
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
-        server = grpc.aio.server(interceptors=[MetricsInterceptor(), ErrorInterceptor()],  # outermost first
+        # Drain inside admission: a call refused while draining gives its admitted bytes back on the way out.
+        key = self.security.api_key
+        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(key)] if key else []),
+                        AdmissionInterceptor(self.admission), self._drain]
+        tls = self.security.tls
+        server = grpc.aio.server(interceptors=interceptors,  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        self.port = bind(server, self.host, self.port)
+        self.port = bind(server, self.host, self.port, tls.credentials() if tls else None)
         if self._http_options is not None:
             from preprocessor.http.app import build_app  # FastAPI is imported only when the face is on
             from preprocessor.http.server import HttpServer
 
-            self._http = HttpServer(build_app(self.link, self._http_options), self.host, self._http_options.port)
+            app = build_app(self.link, self._http_options, self.admission)
+            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace, tls)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
@@ -79,10 +94,15 @@ class PreprocessorServer:
         assert self._server is not None
         await self._server.wait_for_termination()
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def stop(self, grace: float = DEFAULT_GRACE) -> None:
+        """Drains: health NOT_SERVING (and it stays so), new calls UNAVAILABLE, running ones get `grace` seconds."""
         await self._health.enter_graceful_shutdown()
+        waits = [self._drain.drain(grace)]
         if self._http is not None:
-            await self._http.stop()
+            waits.append(self._http.stop())  # uvicorn stops listening and waits for its requests the same way
+        left = (await asyncio.gather(*waits))[0]
+        if left:
+            log.warning("drain: %d calls still running after %.0f s; cancelling them", left, grace)
         if self._server is not None:
-            await self._server.stop(grace)
-        await self.link.stop()  # after the grace period: running streams still need the engine channel
+            await self._server.stop(0)
+        await self.link.stop()  # after the drain: running streams still need the engine channel

@@ -44,11 +44,9 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
                        context: grpc.aio.ServicerContext) -> preprocessor_pb2.TokenizeResponse:
         core = self._core()
         kind = request.WhichOneof("input")
-        # In a thread, like Chat's normalization: images, embeds and long texts would stall every stream.
         if kind == "chat":
-            conv = conversation_from_pb(request.chat)
-            return (await asyncio.to_thread(core.tokenize_chat, conv)).to_pb()
-        if kind == "text":
+            return (await core.tokenize_chat(conversation_from_pb(request.chat))).to_pb()
+        if kind == "text":  # in a thread: long texts would stall every stream
             result = await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens)
             return result.to_pb()
         raise InvalidArgument("TokenizeRequest has no input; set chat or text")

@@ -1,4 +1,5 @@
-"""Chat template rendering: the model's own (processor or tokenizer) or an override, with kwargs.
+"""Chat template rendering: the model's own (processor or tokenizer) in-process, or a request's override
+(only when the operator trusts them) prepared as a job for the sandbox (template_sandbox.py), with kwargs.
 
 Content format follows vLLM's auto-detection: a template that loops over `message['content']` gets
 OpenAI-style part lists, any other gets strings. The k-th prompt_embeds part (conversation order)
@@ -10,6 +11,7 @@ format), so that the processor later finds its own placeholder and expands it.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -103,23 +105,76 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
     return out
 
 
-def render(tokenizer, template: str | None, conv: Conversation, image_placeholder: str | None,
-           sentinels: Sentinels) -> str:
-    """The rendered prompt text (sentinels and image placeholders included)."""
-    chosen = conv.chat_template or template
-    if not chosen:
-        raise FailedPrecondition("the model has no chat template; pass chat_template or use Complete")
+@dataclass(frozen=True)
+class RenderJob:
+    """A request template's render, as the sandbox (template_sandbox.py) receives it."""
+
+    template: str
+    messages: dict[str, Any]  # content format ("string" / "openai") -> the messages in that format
+    add_generation_prompt: bool
+    variables: dict[str, Any]  # the tokenizer's special tokens, then the caller's chat_template_kwargs
+
+
+TRUST_FLAG = "--trust-request-chat-template"
+# chat_template_kwargs keys apply_chat_template would take as a template (or a template's name) rather than as
+# a variable: refused like chat_template itself when templates are not trusted (vLLM's CVE: a template placed in
+# chat_template_kwargs["chat_template"] bypassed that policy).
+TEMPLATE_KWARGS = frozenset({"chat_template"})
+
+
+def check_template_policy(conv: Conversation, trusted: bool, max_bytes: int) -> None:
+    """Request templates are programs this process would run: refused unless the operator trusts them."""
+    smuggled = sorted(TEMPLATE_KWARGS & conv.template_kwargs.keys())
+    if not trusted and (conv.chat_template is not None or smuggled):
+        what = "chat_template" if conv.chat_template is not None else f"chat_template_kwargs{smuggled}"
+        raise FailedPrecondition(f"{what}: this server does not accept chat templates in requests; the operator "
+                                 f"can allow them with {TRUST_FLAG}")
+    if smuggled:
+        raise InvalidArgument(f"chat_template_kwargs may not set {smuggled}; send a template as chat_template")
+    if conv.chat_template is not None and len(conv.chat_template.encode()) > max_bytes:
+        raise InvalidArgument(f"chat_template is {len(conv.chat_template.encode())} bytes; at most {max_bytes}")
+
+
+def _check_kwargs(conv: Conversation) -> None:
     bad = sorted(RESERVED_KWARGS & conv.template_kwargs.keys())
     if bad:
         raise InvalidArgument(f"chat_template_kwargs may not set {bad}")
-    messages = template_messages(conv, content_format(chosen), image_placeholder, sentinels)
+
+
+def render(tokenizer, template: str | None, conv: Conversation, image_placeholder: str | None,
+           sentinels: Sentinels) -> str:
+    """The prompt text (sentinels and image placeholders included) from the MODEL's template, in this process.
+    A request's template goes to request_job and the sandbox instead."""
+    if conv.chat_template is not None:
+        raise RuntimeError("a request template renders in the template sandbox, not in-process")
+    if not template:
+        raise FailedPrecondition("the model has no chat template; pass chat_template or use Complete")
+    _check_kwargs(conv)
+    messages = template_messages(conv, content_format(template), image_placeholder, sentinels)
     try:
-        prompt = tokenizer.apply_chat_template(messages, chat_template=chosen, tokenize=False,
+        prompt = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                add_generation_prompt=conv.add_generation_prompt,
                                                **conv.template_kwargs)
     except jinja2.TemplateError as exc:
         # Templates signal bad conversations with raise_exception(...), e.g. roles out of order.
         raise InvalidArgument(f"chat template failed: {exc}") from None
+    except (ValueError, TypeError) as exc:  # e.g. tools that are not JSON schemas
+        raise InvalidArgument(f"chat template failed: {exc}") from None
     if not isinstance(prompt, str):
         raise InvalidArgument("chat template did not render to text")
     return prompt
+
+
+def request_job(tokenizer, conv: Conversation, image_placeholder: str | None, sentinels: Sentinels) -> RenderJob:
+    """What the sandbox needs to render the request's own template as tokenizer.apply_chat_template would.
+    Both content formats are prepared: detecting which one the template wants parses it, which is the
+    sandbox's job. A format the conversation cannot take carries the reason instead."""
+    _check_kwargs(conv)
+    messages: dict[str, Any] = {}
+    for fmt in (STRING, OPENAI):
+        try:
+            messages[fmt] = template_messages(conv, fmt, image_placeholder, sentinels)
+        except FailedPrecondition as exc:
+            messages[fmt] = exc.message
+    return RenderJob(conv.chat_template or "", messages, conv.add_generation_prompt,
+                     {**tokenizer.special_tokens_map, **conv.template_kwargs})

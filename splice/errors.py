@@ -40,7 +40,27 @@ class ResourceExhausted(SpliceError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class DeadlineExceeded(SpliceError):
+    """A time limit of this server ran out (e.g. a client stream went silent mid-upload)."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
 class Unavailable(SpliceError):
     """A dependency (the engine) cannot be reached."""
 
     code = "UNAVAILABLE"
+
+
+class Unauthenticated(SpliceError):
+    """The caller did not present the key this server requires."""
+
+    code = "UNAUTHENTICATED"
+
+
+def error_with_code(code: str, message: str) -> SpliceError:
+    """The SpliceError of a status code name (an error that crossed a process boundary as text)."""
+    for cls in SpliceError.__subclasses__():
+        if cls.code == code:
+            return cls(message)
+    return SpliceError(message)

@@ -1,18 +1,66 @@
 """Server interceptor: SpliceError -> its gRPC status code; anything else -> INTERNAL, logged.
 
 Servicers stay thin: they raise the core's errors and never call context.abort themselves.
+
+Requests that do not parse (malformed protobuf, invalid UTF-8 in a string field) are the caller's fault:
+gRPC would answer UNKNOWN and log a traceback from inside its deserializer, so the deserializer is wrapped
+to hand the handler a Malformed marker instead, which becomes INVALID_ARGUMENT and one log line.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 
-from splice.errors import SpliceError
+from splice.errors import InvalidArgument, SpliceError
 from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """What a request message that did not parse deserializes to."""
+
+    reason: str
+
+
+def _tolerant(deserializer: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> object:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, UnicodeDecodeError, whatever the runtime raises
+            return Malformed(f"{type(exc).__name__}: {exc}")
+
+    return deserialize
+
+
+def _refuse(method: str, bad: Malformed) -> InvalidArgument:
+    log.warning("%s: malformed request message (%s)", method, bad.reason)
+    return InvalidArgument(f"the request message does not parse as {method.rsplit('/', 1)[-1]}'s request type: "
+                           f"{bad.reason} (malformed protobuf or invalid UTF-8 in a string field)")
+
+
+async def _checked(requests: AsyncIterator[object], method: str) -> AsyncIterator[object]:
+    async for request in requests:
+        if isinstance(request, Malformed):
+            raise _refuse(method, request)
+        yield request
+
+
+def _parsed(request: object, method: str) -> object:
+    """The request (or, for client streams, an iterator that raises at the first malformed message)."""
+    if isinstance(request, Malformed):
+        raise _refuse(method, request)
+    if hasattr(request, "__aiter__"):
+        return _checked(request, method)
+    return request
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -37,7 +85,7 @@ class ErrorInterceptor(SpliceInterceptor):
         def unary(inner):
             async def wrapper(request, context):
                 try:
-                    return await inner(request, context)
+                    return await inner(_parsed(request, method), context)
                 except Exception as exc:
                     await _abort(context, method, exc)
 
@@ -46,11 +94,11 @@ class ErrorInterceptor(SpliceInterceptor):
         def streaming(inner):
             async def wrapper(request, context):
                 try:
-                    async for item in inner(request, context):
+                    async for item in inner(_parsed(request, method), context):
                         yield item
                 except Exception as exc:
                     await _abort(context, method, exc)
 
             return wrapper
 
-        return rewrap(handler, unary, streaming)
+        return rewrap(handler, unary, streaming, _tolerant(handler.request_deserializer))

@@ -35,10 +35,14 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def bind(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Listens on host:port (0 = a free port) and returns the port; a busy port is an error, not shared."""
+def bind(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Listens on host:port (0 = a free port), TLS with `credentials`, and returns the port; a busy port is an
+    error, not shared."""
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:

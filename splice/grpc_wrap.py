@@ -13,8 +13,10 @@ import grpc
 Wrap = Callable[[Callable], Callable]
 
 
-def rewrap(handler: grpc.RpcMethodHandler, unary: Wrap, streaming: Wrap) -> grpc.RpcMethodHandler:
-    de, ser = handler.request_deserializer, handler.response_serializer
+def rewrap(handler: grpc.RpcMethodHandler, unary: Wrap, streaming: Wrap,
+           deserializer: Callable[[bytes], object] | None = None) -> grpc.RpcMethodHandler:
+    """`deserializer` replaces the handler's request deserializer when given."""
+    de, ser = deserializer or handler.request_deserializer, handler.response_serializer
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), de, ser)
     if handler.unary_stream:

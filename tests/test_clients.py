@@ -77,3 +77,34 @@ def test_bad_sampling_is_the_same_client_error_the_server_gives(sampling):
     with pytest.raises(SpliceClientError) as err:
         chat_request([{"role": "user", "content": "hi"}], **sampling)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and next(iter(sampling)) in err.value.details
+
+
+def test_unsendable_values_raise_the_client_error_type(tmp_path):
+    import grpc
+
+    from clients import SpliceClientError
+
+    for build in (lambda: chat_request([{"role": "user", "content": [torch.zeros(2, 4, dtype=torch.complex64)]}]),
+                  lambda: complete_request([torch.zeros(2, 4, dtype=torch.complex64)]),
+                  lambda: chat_request([{"role": "user", "content": [{"type": "image",
+                                                                       "image": str(tmp_path / "none.png")}]}])):
+        with pytest.raises(SpliceClientError) as err:
+            build()
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "complex64" in str(err.value) or "none.png" in str(err.value)
+
+
+@pytest.mark.parametrize("content", [None, b"not safetensors"])
+def test_splice_chat_with_a_missing_or_corrupt_file_prints_one_line(tmp_path, capsys, content):
+    from app.cli import main
+
+    path = tmp_path / "soft.safetensors"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--embeds", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0], err
+    image = tmp_path / "missing.png"
+    assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--image", str(image)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.png" in err[0], err

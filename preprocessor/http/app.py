@@ -13,9 +13,11 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from preprocessor.admission import Admission
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
+from preprocessor.http.admission import AdmissionMiddleware
 from preprocessor.http.auth import bearer_check
 from preprocessor.http.errors import error_response, install_error_handlers
 from preprocessor.http.media import fetch_images
@@ -49,9 +51,12 @@ def _token_texts(core: PreprocessorCore):
     return texts
 
 
-def build_app(link: EngineLink, options: HttpOptions) -> FastAPI:
+def build_app(link: EngineLink, options: HttpOptions, admission: Admission | None = None) -> FastAPI:
+    """`admission`: shared with the gRPC face, so one set of caps covers both."""
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
     install_error_handlers(app)
+    if admission is not None:
+        app.add_middleware(AdmissionMiddleware, admission=admission)
     api = APIRouter(dependencies=[Depends(bearer_check(options.api_key))])
 
     @app.exception_handler(ClientGone)
@@ -98,7 +103,7 @@ def build_app(link: EngineLink, options: HttpOptions) -> FastAPI:
         if isinstance(body, TokenizeChatRequest):
             fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
             conv = convert.conversation_from_http(body, fetched)
-            result = await asyncio.to_thread(core.tokenize_chat, conv)
+            result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)

@@ -7,11 +7,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from splice.errors import SpliceError
-
-
-class Unauthenticated(SpliceError):
-    code = "UNAUTHENTICATED"
+from splice.errors import Unauthenticated
 
 
 def bearer_check(api_key: str | None) -> Callable[[Request], None]:

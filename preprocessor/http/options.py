@@ -11,6 +11,7 @@ class HttpOptions:
     api_key: str | None = None  # when set, every /v1, /tokenize and /detokenize request needs "Bearer KEY"
     allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) image URLs may be fetched from; empty: none
     media_timeout: float = 10.0  # seconds for one remote image, connect to last byte
+    drain_grace: float = 20.0  # seconds running requests get to finish on shutdown
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 
 import uvicorn
 from fastapi import FastAPI
 
 from splice.errors import FailedPrecondition
+from splice.security import ServerTLS
 
 
 class _OnThisLoop(uvicorn.Server):
@@ -42,8 +44,11 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, grace: float = 5.0, tls: ServerTLS | None = None) -> None:
+        """`tls`: HTTPS with the gRPC face's certificate (client certificates required when it has a CA)."""
         self.host, self.port = host, port
+        self.grace = grace
+        self.tls = tls
         self._app = app
         self._server: _OnThisLoop | None = None
         self._task: asyncio.Task | None = None
@@ -52,8 +57,13 @@ class HttpServer:
         """Binds and serves; returns the bound port."""
         sock = _listen(self.host, self.port)
         self.port = sock.getsockname()[1]
+        ssl_args = {}
+        if self.tls is not None:
+            ssl_args = {"ssl_certfile": str(self.tls.cert), "ssl_keyfile": str(self.tls.key)}
+            if self.tls.ca is not None:
+                ssl_args |= {"ssl_ca_certs": str(self.tls.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
         config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None, log_level="warning",
-                                timeout_keep_alive=30, timeout_graceful_shutdown=5)
+                                timeout_keep_alive=30, timeout_graceful_shutdown=self.grace, **ssl_args)
         self._server = _OnThisLoop(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
         while not self._server.started:

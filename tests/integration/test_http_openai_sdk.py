@@ -103,7 +103,7 @@ def test_same_answer_as_grpc_and_vllm_extras(client, http_stack):
     """Both faces share one core: the greedy answer is the same; the first generated ID as a stop token
     ends the HTTP answer after one token."""
     msgs = [{"role": "user", "content": "Hi"}]
-    with SpliceClient(http_stack[1].address, timeout=60) as grpc_client:
+    with SpliceClient(http_stack[1].address, timeout=60, api_key=API_KEY) as grpc_client:
         grpc_chunks = list(grpc_client.chat(msgs, temperature=0.0, max_tokens=MAX_TOKENS))
     probe = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=MAX_TOKENS)
     assert probe.choices[0].message.content == "".join(c.text for c in grpc_chunks)
@@ -113,9 +113,10 @@ def test_same_answer_as_grpc_and_vllm_extras(client, http_stack):
                     "chat_template_kwargs": {}, "add_generation_prompt": True})
     assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
     template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    custom = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1,
-                                            extra_body={"chat_template": template})
-    assert custom.usage.prompt_tokens < probe.usage.prompt_tokens
+    for extra in ({"chat_template": template}, {"chat_template_kwargs": {"chat_template": template}}):
+        with pytest.raises(openai.BadRequestError) as refused:  # not trusted: no --trust-request-chat-template
+            client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1, extra_body=extra)
+        assert "--trust-request-chat-template" in str(refused.value)
 
 
 def test_safetensors_marker_matches_vllm_encoding(client, soft_prompt):
@@ -142,7 +143,7 @@ def test_completions_text_ids_and_prompt_embeds(client, soft_prompt, http_stack)
     embeds = client.completions.create(model=MODEL, prompt="", temperature=0, max_tokens=MAX_TOKENS,
                                        extra_body={"prompt_embeds": torch_b64(soft_prompt)})
     assert embeds.usage.prompt_tokens == soft_prompt.shape[0] and embeds.choices[0].text
-    with SpliceClient(http_stack[1].address, timeout=60) as grpc_client:
+    with SpliceClient(http_stack[1].address, timeout=60, api_key=API_KEY) as grpc_client:
         rows = grpc_client.model_info().vocab_rows
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model=MODEL, prompt=[1, 2, rows + 5], max_tokens=2)

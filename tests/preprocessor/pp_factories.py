@@ -9,10 +9,15 @@ import torch
 from PIL import Image as PILImage
 
 from preprocessor.content import Conversation, Embeds, Image, Message, RawTensor, Text, Where
+from preprocessor.core import PreprocessorCore
+from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles, load_model_files, load_processor
+from preprocessor.template_sandbox import TemplateSandbox
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
 
 _FILES: dict[str, ModelFiles] = {}
+TRUSTING = Limits(trust_request_chat_template=True)
+_SANDBOX: list[TemplateSandbox] = []
 
 
 def model_info_from_config(path: str | Path, dtype: str = "float32") -> ModelInfo:
@@ -43,6 +48,13 @@ def files_for(path: str | Path) -> ModelFiles:
     if key not in _FILES:  # loading a processor takes a second; the files are read-only afterwards
         _FILES[key] = load_model_files(path)
     return _FILES[key]
+
+
+def trusting_core(files: ModelFiles, info: ModelInfo) -> PreprocessorCore:
+    """A core that accepts request chat templates, all such cores sharing one sandbox (its workers start once)."""
+    if not _SANDBOX:
+        _SANDBOX.append(TemplateSandbox(TRUSTING.chat_template_workers, TRUSTING.chat_template_timeout))
+    return PreprocessorCore(files, info, limits=TRUSTING, sandbox=_SANDBOX[0])
 
 
 def picture(w: int, h: int, seed: int = 0) -> PILImage.Image:

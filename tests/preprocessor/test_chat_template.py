@@ -11,7 +11,7 @@ from preprocessor.model_files import load_processor
 from preprocessor.sentinel import SENTINEL_PREFIX, Sentinels
 from preprocessor.template import OPENAI, STRING, content_format
 from splice.errors import SpliceError
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import conversation, trusting_core
 
 STRING_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
                    "{% if add_generation_prompt %}[assistant]{% endif %}{{ suffix | default('') }}")
@@ -64,7 +64,7 @@ def test_multi_turn_matches_hf(tiny, tiny_dirs, name, add_generation_prompt, as_
 def test_template_override_and_kwargs_string_format(tiny):
     files, info = tiny["tiny-text"]
     conv = conversation(("user", ["one", "two"]), chat_template=STRING_TEMPLATE, template_kwargs={"suffix": "!"})
-    norm = PreprocessorCore(files, info).normalize_chat(conv)
+    norm = trusting_core(files, info).normalize_chat(conv)
     expected = AutoTokenizer.from_pretrained(files.path).apply_chat_template(
         [{"role": "user", "content": "one\ntwo"}], chat_template=STRING_TEMPLATE, add_generation_prompt=True,
         tokenize=False, suffix="!")
@@ -76,7 +76,7 @@ def test_string_template_places_one_sentinel_per_embeds_part(tiny):
 
     files, info = tiny["tiny-text"]
     conv = conversation(("user", ["a", rows(2, info.hidden_size), "b"]), chat_template=STRING_TEMPLATE)
-    norm = PreprocessorCore(files, info).normalize_chat(conv)
+    norm = trusting_core(files, info).normalize_chat(conv)
     assert norm.prompt.count(Sentinels.text(0)) == 1 and norm.prompt.count(SENTINEL_PREFIX) == 1
     assert norm.request.embed_spans[0].length == 2
 
@@ -90,7 +90,7 @@ def _reject(core, conv, code="INVALID_ARGUMENT") -> str:
 
 def test_template_errors_are_invalid_argument(tiny):
     files, info = tiny["tiny-text"]
-    core = PreprocessorCore(files, info)
+    core = trusting_core(files, info)
     raising = "{{ raise_exception('roles must alternate') }}"
     assert "roles must alternate" in _reject(core, conversation(("user", "x"), chat_template=raising))
     assert "syntax error" in _reject(core, conversation(("user", "x"), chat_template="{% for %}"))
@@ -103,7 +103,7 @@ def test_template_that_drops_embeds_is_rejected(tiny):
     files, info = tiny["tiny-text"]
     drops = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     conv = conversation(("user", ["a", rows(2, info.hidden_size)]), chat_template=drops)
-    msg = _reject(PreprocessorCore(files, info), conv)
+    msg = _reject(trusting_core(files, info), conv)
     assert "rendered prompt_embeds part (message 0, part 1) 0 times" in msg
 
 

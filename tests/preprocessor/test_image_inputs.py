@@ -132,3 +132,26 @@ def test_too_many_images(tiny):
     with pytest.raises(SpliceError) as exc:
         core.normalize_chat(conversation(("user", [png_bytes(), png_bytes(), "hi"])))
     assert exc.value.code == "INVALID_ARGUMENT" and "2 images; at most 1" in exc.value.message
+
+
+def test_decompression_bomb_cites_splices_pixel_cap():
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    # A header claiming 30000 x 30000 (900M pixels, past twice PIL's own limit) over almost no data.
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)) + \
+        chunk(b"IDAT", zlib.compress(b"\0" * 100)) + chunk(b"IEND", b"")
+    message = _reject(Image("data", bomb, WHERE), Limits())
+    assert f"at most {Limits().max_image_pixels}" in message and "900000000 pixels" in message
+    assert "PIL" not in message and "DOS" not in message
+
+
+def test_empty_content_names_its_message():
+    from preprocessor.content import Message
+
+    with pytest.raises(SpliceError) as exc:
+        Message("user", (), False, 3)
+    assert exc.value.code == "INVALID_ARGUMENT" and "messages[3]" in exc.value.message

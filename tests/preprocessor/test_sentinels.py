@@ -20,7 +20,15 @@ from preprocessor.sentinel import FILLER_ID, MAX_EMBEDS_PARTS, SENTINEL_PREFIX, 
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
-from tests.preprocessor.pp_factories import conversation, files_for, model_info_from_config, png_bytes, raw, rows
+from tests.preprocessor.pp_factories import (
+    conversation,
+    files_for,
+    model_info_from_config,
+    png_bytes,
+    raw,
+    rows,
+    trusting_core,
+)
 
 # Mistral v0.3-style: the system message is not rendered where it stands but inside the LAST user turn.
 REORDERING = (
@@ -57,7 +65,7 @@ def test_reordering_template_keeps_each_tensor_with_its_part(tiny):
                         ("assistant", "Sure."),
                         ("user", [around[2][0], last_rows, around[2][1]]),
                         chat_template=REORDERING)
-    norm = PreprocessorCore(files, info).normalize_chat(conv)
+    norm = trusting_core(files, info).normalize_chat(conv)
     req = norm.request
 
     # The template moved the system part after the first user part: prompt order is parts 1, 0, 2.
@@ -95,7 +103,7 @@ def test_reordering_template_keeps_each_tensor_with_its_part(tiny):
 
 def test_part_rendered_twice_or_never_names_the_part(tiny):
     files, info = tiny["tiny-text"]
-    core = PreprocessorCore(files, info)
+    core = trusting_core(files, info)
     twice = "{{ messages[0]['content'] }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     conv = conversation(("user", ["a", rows(2, info.hidden_size)]), ("assistant", "b"), chat_template=twice)
     assert "rendered prompt_embeds part (message 0, part 1) 2 times" in _reject(lambda: core.normalize_chat(conv))
@@ -120,7 +128,7 @@ def test_adjacent_parts_and_many_parts(tiny):
 
 def test_sentinel_strings_forbidden_in_roles_kwargs_and_template(tiny):
     files, info = tiny["tiny-text"]
-    core = PreprocessorCore(files, info)
+    core = trusting_core(files, info)
     role = Conversation((Message("user", (Text("hi", Where(0, 0)),), True, 0),
                          Message(f"user{Sentinels.text(0)}", (Text("x", Where(1, 0)),), True, 1)))
     msg = _reject(lambda: core.normalize_chat(role))

@@ -1,0 +1,123 @@
+"""Admission control: how many requests the preprocessor works on at once, and how many request bytes it
+holds for them, across both faces. Past either cap a request is refused with RESOURCE_EXHAUSTED at once,
+before its payload is parsed (gRPC: the size is known from the raw message; HTTP: from Content-Length,
+before the body is read), instead of the process growing until it stalls or is killed.
+
+A request holds its place and its bytes until its answer is complete: the parsed payload lives that long.
+The event loop is single-threaded, except for gRPC's deserializers: hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from splice.errors import ResourceExhausted
+from splice.grpc_wrap import SpliceInterceptor, rewrap
+
+MiB = 1 << 20
+
+
+class Admission:
+    def __init__(self, max_concurrent: int = 256, max_bytes: int = 1024 * MiB) -> None:
+        if max_concurrent < 1 or max_bytes < 1:
+            raise ValueError(f"admission caps must be >= 1, got {max_concurrent} requests, {max_bytes} bytes")
+        self.max_concurrent, self.max_bytes = max_concurrent, max_bytes
+        self.running = 0
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def enter(self, nbytes: int) -> Ticket:
+        """A place for one request of `nbytes`; ResourceExhausted when it does not fit now."""
+        with self._lock:
+            if self.running >= self.max_concurrent:
+                raise ResourceExhausted(f"the preprocessor is working on {self.running} requests, its limit "
+                                        f"(--max-concurrent-requests); retry later")
+            if self.held + nbytes > self.max_bytes:
+                raise ResourceExhausted(f"a request of {nbytes} bytes does not fit: {self.held} of {self.max_bytes} "
+                                        f"request bytes are held (--max-inflight-request-bytes); retry later")
+            self.running += 1
+            self.held += nbytes
+        return Ticket(self, nbytes)
+
+    def full(self) -> bool:
+        return self.running >= self.max_concurrent
+
+
+@dataclass
+class Ticket:
+    admission: Admission
+    nbytes: int
+    released: bool = False
+
+    def release(self) -> None:
+        with self.admission._lock:
+            if not self.released:
+                self.released = True
+                self.admission.running -= 1
+                self.admission.held -= self.nbytes
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """What a request message deserializes to when it is not admitted (it is never parsed)."""
+
+    error: ResourceExhausted
+
+
+class AdmissionInterceptor(SpliceInterceptor):
+    """Admits each splice.v1 call by its raw message size. Place it after ErrorInterceptor (innermost), which
+    turns the refusal into its status."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__()
+        self.admission = admission
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if handler.request_streaming:  # no client-streaming RPC on the public API
+            return handler
+        parse = handler.request_deserializer
+        tickets: list[Ticket] = []  # this call's, set by its deserializer
+
+        def deserialize(data: bytes) -> object:
+            try:
+                ticket = self.admission.enter(len(data))
+            except ResourceExhausted as exc:
+                return _Refused(exc)
+            try:
+                request = parse(data) if parse else data
+            except BaseException:  # malformed: refused by ErrorInterceptor before this call's handler runs
+                ticket.release()
+                raise
+            tickets.append(ticket)
+            return request
+
+        def admitted(request: object) -> object:
+            if isinstance(request, _Refused):
+                raise request.error
+            return request
+
+        def unary(inner):
+            async def wrapper(request, context):
+                try:
+                    return await inner(admitted(request), context)
+                finally:
+                    for t in tickets:
+                        t.release()
+
+            return wrapper
+
+        def streaming(inner):
+            async def wrapper(request, context):
+                try:
+                    async for item in inner(admitted(request), context):
+                        yield item
+                finally:
+                    for t in tickets:
+                        t.release()
+
+            return wrapper
+
+        return rewrap(handler, unary, streaming, deserialize)

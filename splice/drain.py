@@ -1,0 +1,74 @@
+"""Graceful drain: on SIGTERM a server stops taking new splice.v1 calls (UNAVAILABLE, so clients and balancers
+retry elsewhere) while its health says NOT_SERVING, and lets the calls already running finish within a grace
+period before it stops. Health keeps answering throughout: the listener stays open until the end.
+
+Place the interceptor after ErrorInterceptor, which turns the refusal into its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from splice.errors import Unavailable
+from splice.grpc_wrap import SpliceInterceptor, rewrap
+
+DEFAULT_GRACE = 20.0  # seconds running calls get to finish after SIGTERM
+
+
+class DrainInterceptor(SpliceInterceptor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def _enter(self) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down; retry on another replica or after it restarts")
+        self.in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def drain(self, grace: float) -> int:
+        """Refuses new calls from now on; returns once the running ones finished or `grace` seconds passed,
+        with the number still running (the caller cancels them by stopping the server)."""
+        self.draining = True
+        deadline = time.monotonic() + grace
+        while self.in_flight and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self._idle.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+        return self.in_flight
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        def unary(inner):
+            async def wrapper(request, context):
+                self._enter()
+                try:
+                    return await inner(request, context)
+                finally:
+                    self._leave()
+
+            return wrapper
+
+        def streaming(inner):
+            async def wrapper(request, context):
+                self._enter()
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                finally:
+                    self._leave()
+
+            return wrapper
+
+        return rewrap(handler, unary, streaming)

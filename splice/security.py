@@ -1,0 +1,135 @@
+"""Transport security and bearer tokens, the same way on both hops (client -> preprocessor -> engine).
+
+TLS: a server with a certificate and key serves TLS; given a CA too, it requires client certificates signed by
+it (mTLS). A client trusts the given CA (else the system roots) and may present its own certificate.
+Tokens: a server with a key answers UNAUTHENTICATED to any splice.v1 call without `authorization: Bearer KEY`
+metadata, before the request is parsed or admitted; health and reflection stay open (probes carry no key).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from splice.errors import Unauthenticated
+from splice.grpc_wrap import SpliceInterceptor, rewrap
+
+API_KEY_ENV = "SPLICE_API_KEY"  # the public API's key (gRPC and HTTP), when --api-key is not given
+ENGINE_KEY_ENV = "SPLICE_ENGINE_API_KEY"  # the key the engine accepts from preprocessors
+
+
+def _read(path: str | Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    cert: str | Path  # PEM certificate chain
+    key: str | Path  # PEM private key
+    ca: str | Path | None = None  # set: clients must present a certificate signed by this CA (mTLS)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        pair = (_read(self.key, "--tls-key"), _read(self.cert, "--tls-cert"))
+        ca = _read(self.ca, "--tls-ca")
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    ca: str | Path | None = None  # CA that signed the server's certificate; None: the system's roots
+    cert: str | Path | None = None  # client certificate, for servers that require one (mTLS)
+    key: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a client certificate needs both its certificate and its key")
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca, "CA"),
+                                            private_key=_read(self.key, "client key"),
+                                            certificate_chain=_read(self.cert, "client certificate"))
+
+
+@dataclass(frozen=True)
+class Security:
+    """A server's settings: its own TLS and key and, for the preprocessor, how it reaches the engine."""
+
+    tls: ServerTLS | None = None
+    api_key: str | None = None  # callers must present it (the public API: gRPC and HTTP alike)
+    engine_tls: ClientTLS | None = None
+    engine_api_key: str | None = None  # what the preprocessor presents to the engine
+
+
+def server_tls(cert: str | None, key: str | None, ca: str | None) -> ServerTLS | None:
+    """From the --tls-* flags: None when TLS is off; ValueError for an incomplete set."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key")
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    tls = ServerTLS(cert, key, ca)
+    tls.credentials()  # unreadable files are a start-up error, not a failure at the first connection
+    return tls
+
+
+def channel(target: str, tls: ClientTLS | None, options: list, aio: bool = False):
+    """A (grpc.aio when `aio`) channel to `target`, TLS when `tls` is given."""
+    module = grpc.aio if aio else grpc
+    if tls is None:
+        return module.insecure_channel(target, options=options)
+    return module.secure_channel(target, tls.credentials(), options=options)
+
+
+def bearer(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying `api_key` (none without one)."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+class TokenInterceptor(SpliceInterceptor):
+    """UNAUTHENTICATED for splice.v1 calls without the key. Place it after ErrorInterceptor, before admission."""
+
+    def __init__(self, api_key: str) -> None:
+        super().__init__()
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(self._prefix):
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):
+            return handler
+        return self.wrap(handler, details.method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The refusal: the message is dropped unparsed and unadmitted."""
+        refusal = Unauthenticated("missing or wrong API key: send 'authorization: Bearer KEY' metadata")
+
+        def unary(inner):
+            async def wrapper(request, context):
+                raise refusal
+
+            return wrapper
+
+        def streaming(inner):
+            async def wrapper(request, context):
+                raise refusal
+                yield  # an async generator, like the handler it replaces
+
+            return wrapper
+
+        return rewrap(handler, unary, streaming, lambda data: None)

@@ -1,0 +1,156 @@
+"""What a caller sends cannot crash or stall a server: request messages that do not parse (malformed protobuf,
+invalid UTF-8 in a string field) are INVALID_ARGUMENT with one log line, on both servers and every request shape
+(unary, client stream); Generate uploads that stall time out and release the engine's tensor budget."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from engine.config import EngineConfig
+from engine.server import EngineServer
+from preprocessor.core import PreprocessorCore
+from preprocessor.server import PreprocessorServer
+from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc, preprocessor_pb2
+from tests.preprocessor.pp_factories import files_for, model_info_from_config
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+IDLE_TIMEOUT = 1.0
+GARBAGE = b"\xff\xff\xff\xff\x0f"  # a field tag whose varint never ends
+
+
+def _bad_utf8(message, text: str) -> bytes:
+    """`message` serialized with the bytes of `text` (a string field's value) replaced by invalid UTF-8."""
+    raw = message.SerializeToString()
+    assert raw.count(text.encode()) == 1
+    return raw.replace(text.encode(), b"\xc3\x28" * (len(text) // 2))
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def pre_address(tiny_dirs):
+    path = tiny_dirs["tiny-text"]
+    server = PreprocessorServer(core=PreprocessorCore(files_for(path), model_info_from_config(path)))
+    port = await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engine_server(tiny_dirs):
+    server = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-text"]), model_name="tiny-text",
+                                       upload_idle_timeout=IDLE_TIMEOUT))
+    await server.start()
+    yield server
+    await server.stop(grace=0)
+
+
+def _one_line(caplog) -> None:
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "malformed request message" in lines[0].getMessage(), lines
+    assert lines[0].exc_info is None
+
+
+async def _unary(address: str, method: str, payload: bytes) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(f"/splice.v1.Preprocessor/{method}")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(payload)
+        return err.value
+
+
+@pytest.mark.parametrize("method, payload", [
+    ("Detokenize", GARBAGE),
+    ("Tokenize", _bad_utf8(preprocessor_pb2.TokenizeRequest(text="abcd"), "abcd")),
+])
+async def test_preprocessor_unary(pre_address, caplog, method, payload):
+    err = await _unary(pre_address, method, payload)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not parse" in err.details(), err
+    _one_line(caplog)
+
+
+async def test_preprocessor_server_stream(pre_address, caplog):
+    chat = preprocessor_pb2.ChatRequest(messages=[preprocessor_pb2.ChatMessage(role="user", text="hello")])
+    async with grpc.aio.insecure_channel(pre_address) as channel:
+        call = channel.unary_stream("/splice.v1.Preprocessor/Chat")(_bad_utf8(chat, "hello"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _ = [c async for c in call]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not parse" in err.value.details()
+    _one_line(caplog)
+    # and it still serves
+    ok = await channel_detokenize(pre_address)
+    assert isinstance(ok, str)
+
+
+async def channel_detokenize(address: str) -> str:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary("/splice.v1.Preprocessor/Detokenize",
+                                   request_serializer=preprocessor_pb2.DetokenizeRequest.SerializeToString,
+                                   response_deserializer=preprocessor_pb2.DetokenizeResponse.FromString)
+        return (await call(preprocessor_pb2.DetokenizeRequest(token_ids=[1, 2]))).text
+
+
+async def test_engine_client_stream(engine_server, caplog):
+    engine_address = engine_server.address
+    header = engine_pb2.GenerateRequestPart(header=engine_pb2.GenerateHeader(request_id="abcd", token_ids=[1, 2]))
+    for parts in ([GARBAGE], [header.SerializeToString(), GARBAGE], [_bad_utf8(header, "abcd")]):
+        caplog.clear()
+        async with grpc.aio.insecure_channel(engine_address) as channel:
+            call = channel.stream_stream("/splice.v1.Engine/Generate")(iter(parts))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                _ = [c async for c in call]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+        _one_line(caplog)
+
+
+async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_server):
+    info = engine_server.engine.info
+    rows = 4
+    nbytes = rows * info.hidden_size * 4
+    header = engine_pb2.GenerateHeader(
+        request_id="r", token_ids=[1] * (rows + 2),
+        embed_spans=[common_pb2.EmbedSpan(offset=1, length=rows, tensor_index=0)],
+        tensors=[engine_pb2.TensorMeta(name="prompt_embeds", dtype="float32", shape=[rows, info.hidden_size])],
+        sampling=common_pb2.SamplingParams(max_tokens=1))
+    budget = engine_server.servicer.budget
+    saved, budget.limit = budget.limit, 2 * nbytes  # two such requests fill it
+    never = asyncio.Event()
+
+    async def stalls():  # the header, one chunk of half the bytes, then silence
+        yield engine_pb2.GenerateRequestPart(header=header)
+        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
+        await never.wait()
+
+    async def complete():
+        yield engine_pb2.GenerateRequestPart(header=header)
+        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes)))
+
+    try:
+        async with grpc.aio.insecure_channel(engine_server.address) as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            idle = [stub.Generate(stalls()) for _ in range(2)]
+            for _ in range(200):
+                if budget.used == 2 * nbytes:
+                    break
+                await asyncio.sleep(0.01)
+            assert budget.used == 2 * nbytes
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                _ = [r async for r in stub.Generate(complete())]
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            began = time.monotonic()
+            for call in idle:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    _ = [r async for r in call]
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert "--upload-idle-timeout" in err.value.details()
+            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+            assert budget.used == 0
+            done = [r async for r in stub.Generate(complete())]
+            assert done[-1].usage.completion_tokens == 1
+    finally:
+        budget.limit = saved
