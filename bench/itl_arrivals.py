@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import time
 
@@ -68,7 +69,7 @@ async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> 
     await asyncio.gather(*tasks)
     steady, loaded = [], []
     for s in stamps:
-        gaps = [(b - a, b) for a, b in zip(s, s[1:])]
+        gaps = [(b - a, b) for a, b in itertools.pairwise(s)]
         before = [d for d, t in gaps if t < start][-30:]
         steady += before
         loaded += [d for d, t in gaps if start <= t <= end]
@@ -84,7 +85,8 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.running + args.arriving))
+    cfg = EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.running + args.arriving)
+    engine = LLMEngine(cfg)
     engine.start()
     await engine.warmup()
     try:
