@@ -8,11 +8,19 @@ from typing import Any
 import grpc
 
 from clients.errors import SpliceClientError
-from clients.requests import chat_request, complete_request, tokenize_request, tokenized_from_pb
+from clients.requests import (
+    chat_request,
+    complete_request,
+    generation_call,
+    tokenize_request,
+    tokenized_from_pb,
+    upload_parts,
+)
 from clients.sync_client import CHANNEL_OPTIONS
 from clients.types import Chunk, Tokenized
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
+from splice.tensor_chunks import paced
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 
@@ -40,10 +48,10 @@ class AsyncSpliceClient:
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 
     def chat(self, messages: Iterable[Any], **kwargs: Any) -> AsyncIterator[Chunk]:
-        return self._stream(self._stub.Chat, chat_request(messages, **kwargs))
+        return self._generate(self._stub.Chat, chat_request, messages, **kwargs)
 
     def complete(self, prompt: Iterable[Any], **kwargs: Any) -> AsyncIterator[Chunk]:
-        return self._stream(self._stub.Complete, complete_request(prompt, **kwargs))
+        return self._generate(self._stub.Complete, complete_request, prompt, **kwargs)
 
     async def tokenize(self, messages: Iterable[Any] | None = None, *, text: str | None = None,
                        add_special_tokens: bool = False, **kwargs: Any) -> Tokenized:
@@ -62,6 +70,13 @@ class AsyncSpliceClient:
             return await method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
+
+    def _generate(self, method, build, items, **kwargs: Any) -> AsyncIterator[Chunk]:
+        """As one message, or as an Upload stream when its tensors are larger than UPLOAD_THRESHOLD."""
+        request, tensors = generation_call(build, items, **kwargs)
+        if tensors:
+            return self._stream(self._stub.Upload, paced(upload_parts(request, tensors)))
+        return self._stream(method, request)
 
     async def _stream(self, method, request) -> AsyncIterator[Chunk]:
         call = method(request, timeout=self._timeout, metadata=self._metadata)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from splice.tensors import tensor_to_pb
+from splice.tensors import dtype_name, tensor_to_pb
+from splice.v1 import common_pb2
 from splice.v1 import preprocessor_pb2 as pp
 
 PartLike = Any  # str | PIL.Image.Image | bytes | Path | torch.Tensor | dict | pp.ContentPart
@@ -42,13 +43,22 @@ def embeds_part(embeds: torch.Tensor) -> pp.ContentPart:
     return pp.ContentPart(prompt_embeds=pp.PromptEmbeds(tensor=tensor_to_pb(embeds)))
 
 
-def to_part(item: PartLike) -> pp.ContentPart:
+def declared_embeds(embeds: torch.Tensor, deferred: list[torch.Tensor] | None) -> pp.PromptEmbeds:
+    """A raw-tensor PromptEmbeds; with `deferred`, its bytes are left out (dtype and shape only) and the tensor is
+    appended there, to be streamed after the request (Upload)."""
+    if deferred is None or embeds.numel() == 0:
+        return pp.PromptEmbeds(tensor=tensor_to_pb(embeds))
+    deferred.append(embeds)
+    return pp.PromptEmbeds(tensor=common_pb2.Tensor(dtype=dtype_name(embeds.dtype), shape=list(embeds.shape)))
+
+
+def to_part(item: PartLike, deferred: list[torch.Tensor] | None = None) -> pp.ContentPart:
     if isinstance(item, pp.ContentPart):
         return item
     if isinstance(item, str):
         return text_part(item)
     if isinstance(item, torch.Tensor):
-        return embeds_part(item)
+        return pp.ContentPart(prompt_embeds=declared_embeds(item, deferred))
     if isinstance(item, dict):  # OpenAI-like {"type": "text"|"image"|"prompt_embeds", ...}
         kind = item.get("type")
         if kind == "text":
@@ -56,19 +66,20 @@ def to_part(item: PartLike) -> pp.ContentPart:
         if kind == "image":
             return image_part(item["image"])
         if kind == "prompt_embeds":
-            return embeds_part(item["prompt_embeds"])
+            return pp.ContentPart(prompt_embeds=declared_embeds(item["prompt_embeds"], deferred))
         raise ValueError(f"unknown content part type {kind!r}")
     return image_part(item)
 
 
-def message(role: str, content: str | Iterable[PartLike]) -> pp.ChatMessage:
+def message(role: str, content: str | Iterable[PartLike],
+            deferred: list[torch.Tensor] | None = None) -> pp.ChatMessage:
     """A chat message; string content stays a string (OpenAI's string form)."""
     if isinstance(content, str):
         return pp.ChatMessage(role=role, text=content)
-    return pp.ChatMessage(role=role, content=[to_part(c) for c in content])
+    return pp.ChatMessage(role=role, content=[to_part(c, deferred) for c in content])
 
 
-def to_message(m: pp.ChatMessage | dict) -> pp.ChatMessage:
+def to_message(m: pp.ChatMessage | dict, deferred: list[torch.Tensor] | None = None) -> pp.ChatMessage:
     if isinstance(m, pp.ChatMessage):
         return m
-    return message(m["role"], m["content"])
+    return message(m["role"], m["content"], deferred)

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import torch
 from google.protobuf import struct_pb2
 
 from clients.errors import SpliceClientError
-from clients.parts import to_message
+from clients.parts import declared_embeds, to_message
 from clients.types import Tokenized
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
-from splice.tensors import tensor_to_pb
+from splice.tensor_chunks import tensor_chunks
 from splice.v1 import common_pb2
 from splice.v1 import preprocessor_pb2 as pp
 
 R = TypeVar("R")
+
+# Above this many bytes of tensors, a request goes as an Upload stream of bounded messages instead of one message.
+UPLOAD_THRESHOLD = 4 << 20
+
 
 
 def _client_errors(build: Callable[..., R]) -> Callable[..., R]:
@@ -41,9 +46,10 @@ def _client_errors(build: Callable[..., R]) -> Callable[..., R]:
 @_client_errors
 def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generation_prompt: bool | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None,
-                 **sampling: Any) -> pp.ChatRequest:
-    """`sampling` takes SamplingParams' fields (temperature, top_p, top_k, seed, max_tokens, stop, ...)."""
-    req = pp.ChatRequest(request_id=request_id, messages=[to_message(m) for m in messages],
+                 deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
+    """`sampling` takes SamplingParams' fields (temperature, top_p, top_k, seed, max_tokens, stop, ...). With
+    `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
+    req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],
                          sampling=_sampling(sampling))
     if add_generation_prompt is not None:
         req.add_generation_prompt = add_generation_prompt
@@ -57,7 +63,8 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
 
 
 @_client_errors
-def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling: Any) -> pp.CompleteRequest:
+def complete_request(prompt: Iterable[Any], *, request_id: str = "", deferred: list[torch.Tensor] | None = None,
+                     **sampling: Any) -> pp.CompleteRequest:
     """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings)."""
     parts = []
     for item in prompt:
@@ -75,8 +82,27 @@ def complete_request(prompt: Iterable[Any], *, request_id: str = "", **sampling:
             raise TypeError(f"Complete takes token IDs, text and prompt embeddings, not a {item.WhichOneof('kind')} "
                             "part (images need Chat)")
         else:
-            parts.append(pp.PromptPart(prompt_embeds=pp.PromptEmbeds(tensor=tensor_to_pb(item))))
+            parts.append(pp.PromptPart(prompt_embeds=declared_embeds(item, deferred)))
     return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
+
+
+def generation_call(build: Callable[..., pp.ChatRequest | pp.CompleteRequest], items: Iterable[Any],
+                    **kwargs: Any) -> tuple[pp.ChatRequest | pp.CompleteRequest, list[torch.Tensor]]:
+    """`build` (chat_request / complete_request) over `items`, and the tensors to stream after it: none when
+    they fit under UPLOAD_THRESHOLD (then the request holds them and goes as one message)."""
+    items = list(items)
+    deferred: list[torch.Tensor] = []
+    request = build(items, deferred=deferred, **kwargs)
+    if deferred and sum(t.numel() * t.element_size() for t in deferred) <= UPLOAD_THRESHOLD:
+        return build(items, **kwargs), []
+    return request, deferred
+
+
+def upload_parts(request: pp.ChatRequest | pp.CompleteRequest, tensors: list[torch.Tensor]) -> Iterator[pp.UploadPart]:
+    """The Upload stream: the request (its streamed tensors declared, without bytes), then their chunks."""
+    yield pp.UploadPart(chat=request) if isinstance(request, pp.ChatRequest) else pp.UploadPart(complete=request)
+    for chunk in tensor_chunks(tensors):
+        yield pp.UploadPart(chunk=chunk)
 
 
 @_client_errors

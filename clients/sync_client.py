@@ -8,7 +8,14 @@ from typing import Any
 import grpc
 
 from clients.errors import SpliceClientError
-from clients.requests import chat_request, complete_request, tokenize_request, tokenized_from_pb
+from clients.requests import (
+    chat_request,
+    complete_request,
+    generation_call,
+    tokenize_request,
+    tokenized_from_pb,
+    upload_parts,
+)
 from clients.types import Chunk, Tokenized
 from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
@@ -45,10 +52,10 @@ class SpliceClient:
 
     def chat(self, messages: Iterable[Any], **kwargs: Any) -> Iterator[Chunk]:
         """Streams the answer; closing the iterator early cancels the call (and the engine's sequence)."""
-        return self._stream(self._stub.Chat, chat_request(messages, **kwargs))
+        return self._generate(self._stub.Chat, chat_request, messages, **kwargs)
 
     def complete(self, prompt: Iterable[Any], **kwargs: Any) -> Iterator[Chunk]:
-        return self._stream(self._stub.Complete, complete_request(prompt, **kwargs))
+        return self._generate(self._stub.Complete, complete_request, prompt, **kwargs)
 
     def tokenize(self, messages: Iterable[Any] | None = None, *, text: str | None = None,
                  add_special_tokens: bool = False, **kwargs: Any) -> Tokenized:
@@ -67,6 +74,13 @@ class SpliceClient:
             return method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
+
+    def _generate(self, method, build, items, **kwargs: Any) -> Iterator[Chunk]:
+        """As one message, or as an Upload stream when its tensors are larger than UPLOAD_THRESHOLD."""
+        request, tensors = generation_call(build, items, **kwargs)
+        if tensors:
+            return self._stream(self._stub.Upload, upload_parts(request, tensors))
+        return self._stream(method, request)
 
     def _stream(self, method, request) -> Iterator[Chunk]:
         call = method(request, timeout=self._timeout, metadata=self._metadata)

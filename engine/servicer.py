@@ -45,7 +45,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
         engine = self._ready()
-        assembler = RequestAssembler()
+        assembler = RequestAssembler(self.budget.limit)  # the budget is the cap: no other ceiling
         parts = aiter(request_iterator)
         first = await self._next(parts, 0)
         if first is None:

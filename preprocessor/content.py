@@ -58,7 +58,7 @@ class RawTensor:
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview  # a memoryview: assembled from an Upload stream, used without a copy
 
 
 @dataclass(frozen=True)

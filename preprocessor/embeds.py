@@ -19,7 +19,7 @@ from preprocessor.content import Embeds, RawTensor
 from preprocessor.limits import Limits
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
-from splice.request_rules import check_finite, check_float_dtype, check_hidden, check_rows
+from splice.request_rules import all_finite, check_finite, check_float_dtype, check_hidden, check_rows
 from splice.tensors import DTYPES, dtype_from_name, from_bytes
 
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -129,11 +129,13 @@ def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits
 
 
 def _normalize(tensor: torch.Tensor, part: Embeds, info: ModelInfo) -> torch.Tensor:
-    """Shape already checked by _check_meta; values checked before and after the cast to the engine's dtype."""
+    """Shape already checked by _check_meta. Values are checked once, after the cast to the engine's dtype (a
+    cast keeps NaN and Inf, and turns overflow into Inf); only a failure looks at the source to say which."""
     if tensor.dim() == 3:
         tensor = tensor[0]  # [1, n, hidden] -> [n, hidden]
     what = f"{part.where}: prompt_embeds"
-    check_finite(tensor, what)
     out = tensor.to(dtype_from_name(info.dtype, "engine dtype")).contiguous()  # [n, hidden]
-    check_finite(out, what, f"they overflow the engine's dtype {info.dtype}")
+    if not all_finite(out):
+        check_finite(tensor, what)
+        check_finite(out, what, f"they overflow the engine's dtype {info.dtype}")
     return out

@@ -6,7 +6,6 @@ which aborts the sequence there.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,6 +17,7 @@ from splice.errors import SpliceError, Unavailable
 from splice.grpc_options import CLIENT_OPTIONS
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
+from splice.tensor_chunks import paced
 from splice.v1 import common_pb2, engine_pb2_grpc
 
 
@@ -54,9 +54,7 @@ class EngineClient:
         return ModelInfo.from_pb(pb)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        # Tensor bytes are copied out in a thread: for large images or embeds that would stall the loop.
-        parts = await asyncio.to_thread(lambda: list(encode_request(request)))
-        call = self._stub.Generate(iter(parts), metadata=self._metadata)
+        call = self._stub.Generate(paced(encode_request(request)), metadata=self._metadata)
         try:
             async for pb in call:
                 yield EngineOutput.from_pb(pb)

@@ -10,7 +10,8 @@ import grpc
 
 from preprocessor.convert import conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
-from splice.errors import InvalidArgument
+from preprocessor.upload import UploadAssembler
+from splice.errors import InvalidArgument, SpliceError
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -37,6 +38,30 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         parts = prompt_from_pb(request)
         sampling = SamplingParams.from_pb(request.sampling)
         async with aclosing(core.complete(parts, sampling, request.request_id)) as chunks:
+            async for chunk in chunks:
+                yield chunk.to_pb()
+
+    async def Upload(self, request_iterator: AsyncIterator[preprocessor_pb2.UploadPart],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
+        core = self._core()
+        upload = UploadAssembler(core.limits)
+        parts = aiter(request_iterator)
+        try:
+            async for part in parts:
+                upload.feed(part)
+        except SpliceError:
+            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own send
+            # failure (INTERNAL) instead of this status.
+            async for _ in parts:
+                pass
+            raise
+        request, streamed = upload.finish()
+        sampling = SamplingParams.from_pb(request.sampling)
+        if isinstance(request, preprocessor_pb2.ChatRequest):
+            chunks = core.chat(conversation_from_pb(request, streamed), sampling, request.request_id)
+        else:
+            chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id)
+        async with aclosing(chunks) as chunks:
             async for chunk in chunks:
                 yield chunk.to_pb()
 

@@ -59,9 +59,20 @@ def check_float_dtype(dtype: torch.dtype, what: str) -> None:
         raise InvalidArgument(f"{what} has dtype {str(dtype).removeprefix('torch.')}, expected a float dtype")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t`, in one pass that allocates nothing of t's size: a sum is finite only if every
+    summand is (NaN and Inf survive any addition), so a finite sum settles it. A non-finite sum may also be
+    an overflow of finite values; only then the exact elementwise test runs."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    if bool(t.sum().isfinite()):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def check_finite(t: torch.Tensor, what: str, why: str = "NaN or Inf") -> None:
     """`why` says what non-finite values mean here (a cast that overflowed, ...)."""
-    if not bool(torch.isfinite(t).all()):
+    if not all_finite(t):
         raise InvalidArgument(f"{what} holds non-finite values ({why})")
 
 

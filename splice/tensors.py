@@ -44,19 +44,26 @@ def nbytes_of(dtype: torch.dtype, shape: tuple[int, ...] | list[int]) -> int:
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-def to_bytes(t: torch.Tensor) -> bytes:
-    """Little-endian C-contiguous bytes of a CPU copy of `t`."""
-    t = t.detach().to("cpu").contiguous()
+def byte_view(t: torch.Tensor) -> memoryview:
+    """Little-endian C-contiguous bytes of `t` as a flat memoryview; no copy when `t` is a contiguous CPU tensor."""
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
         raise RuntimeError("big-endian hosts are not supported")
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: go through its int16 bit pattern
-        return t.view(torch.int16).numpy().tobytes()
-    return t.numpy().tobytes()
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    # numpy has no bfloat16: every dtype goes through its bytes
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def to_bytes(t: torch.Tensor) -> bytes:
+    """Little-endian C-contiguous bytes of a CPU copy of `t`."""
+    return bytes(byte_view(t))
 
 
 def from_bytes(data: bytes | bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...] | list[int],
                what: str = "tensor") -> torch.Tensor:
-    """The tensor of `data`; checks the byte count against dtype and shape first."""
+    """The tensor of `data`; checks the byte count against dtype and shape first. A writable buffer (bytearray,
+    an assembled upload) is viewed without a copy and shared; read-only bytes are copied once."""
     shape = tuple(int(d) for d in shape)
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"{what}: negative dimension in shape {list(shape)}")
@@ -66,8 +73,9 @@ def from_bytes(data: bytes | bytearray | memoryview, dtype: torch.dtype, shape: 
             f"{what}: {len(data)} bytes for dtype {dtype_name(dtype)} shape {list(shape)}, expected {expected}")
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
-    # bytearray copy: frombuffer needs a writable buffer to avoid a warning, and the tensor must own it
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+    if isinstance(data, bytes) or (isinstance(data, memoryview) and data.readonly):
+        data = bytearray(data)  # frombuffer needs a writable buffer, and the tensor must own it
+    return torch.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def tensor_to_pb(t: torch.Tensor) -> common_pb2.Tensor:

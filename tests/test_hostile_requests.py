@@ -123,12 +123,12 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
 
     async def stalls():  # the header, one chunk of half the bytes, then silence
         yield engine_pb2.GenerateRequestPart(header=header)
-        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
+        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
         await never.wait()
 
     async def complete():
         yield engine_pb2.GenerateRequestPart(header=header)
-        yield engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes)))
+        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes)))
 
     try:
         async with grpc.aio.insecure_channel(engine_server.address) as channel:

@@ -80,7 +80,7 @@ def test_assembler_rejects_truncated_and_misordered_streams():
     asm = RequestAssembler()
     asm.feed(parts[0])
     with pytest.raises(InvalidArgument, match="declared"):
-        asm.feed(engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=9, data=b"x")))
+        asm.feed(engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=9, data=b"x")))
 
 
 def test_assembler_caps_declared_size_before_allocating():

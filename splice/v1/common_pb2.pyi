@@ -37,6 +37,14 @@ class Tensor(_message.Message):
     data: bytes
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class TensorChunk(_message.Message):
+    __slots__ = ("tensor_index", "data")
+    TENSOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    tensor_index: int
+    data: bytes
+    def __init__(self, tensor_index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "logprobs", "skip_special_tokens")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]

@@ -31,21 +31,13 @@ class GenerateHeader(_message.Message):
     sampling: _common_pb2.SamplingParams
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., embed_spans: _Optional[_Iterable[_Union[_common_pb2.EmbedSpan, _Mapping]]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
-class TensorChunk(_message.Message):
-    __slots__ = ("tensor_index", "data")
-    TENSOR_INDEX_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    tensor_index: int
-    data: bytes
-    def __init__(self, tensor_index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
-
 class GenerateRequestPart(_message.Message):
     __slots__ = ("header", "chunk")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     header: GenerateHeader
-    chunk: TensorChunk
-    def __init__(self, header: _Optional[_Union[GenerateHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, header: _Optional[_Union[GenerateHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "logprobs", "finish_reason", "usage")

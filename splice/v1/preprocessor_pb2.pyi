@@ -90,6 +90,16 @@ class CompleteRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Iterable[_Union[PromptPart, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
+class UploadPart(_message.Message):
+    __slots__ = ("chat", "complete", "chunk")
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chat: ChatRequest
+    complete: CompleteRequest
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, chat: _Optional[_Union[ChatRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
 class GenerationChunk(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage", "stop_reason")
     TEXT_FIELD_NUMBER: _ClassVar[int]

@@ -60,6 +60,11 @@ class PreprocessorStub:
                 request_serializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=splice_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Upload = channel.stream_stream(
+                '/splice.v1.Preprocessor/Upload',
+                request_serializer=splice_dot_v1_dot_preprocessor__pb2.UploadPart.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_preprocessor__pb2.GenerationChunk.FromString,
+                _registered_method=True)
 
 
 class PreprocessorServicer:
@@ -98,6 +103,16 @@ class PreprocessorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Upload(self, request_iterator, context):
+        """Chat or Complete with prompt embeddings of any size, in bounded messages (the clients use it above a
+        size threshold): one UploadPart holding the request, in which each raw prompt_embeds `tensor` to be
+        streamed has its dtype and shape but empty data, then those tensors' bytes as TensorChunk messages
+        (tensor_index counts the streamed tensors in request order). Answers as Chat / Complete do.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PreprocessorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +140,11 @@ def add_PreprocessorServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.FromString,
                     response_serializer=splice_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+            ),
+            'Upload': grpc.stream_stream_rpc_method_handler(
+                    servicer.Upload,
+                    request_deserializer=splice_dot_v1_dot_preprocessor__pb2.UploadPart.FromString,
+                    response_serializer=splice_dot_v1_dot_preprocessor__pb2.GenerationChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +282,33 @@ class Preprocessor:
             '/splice.v1.Preprocessor/GetModelInfo',
             splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
             splice_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Upload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/splice.v1.Preprocessor/Upload',
+            splice_dot_v1_dot_preprocessor__pb2.UploadPart.SerializeToString,
+            splice_dot_v1_dot_preprocessor__pb2.GenerationChunk.FromString,
             options,
             channel_credentials,
             insecure,

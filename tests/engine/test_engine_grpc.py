@@ -119,7 +119,7 @@ async def test_each_invalid_input_is_invalid_argument_and_the_engine_keeps_servi
 
 
 async def test_a_broken_stream_is_invalid_argument(stub):
-    chunk_first = [engine_pb2.GenerateRequestPart(chunk=engine_pb2.TensorChunk(tensor_index=0, data=b"x"))]
+    chunk_first = [engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=b"x"))]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         _ = [r async for r in stub[0].Generate(iter(chunk_first))]
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "before the header" in err.value.details()

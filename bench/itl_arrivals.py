@@ -1,0 +1,105 @@
+"""Row 4: inter-token latency p99 of RUNNING in-process streams while ARRIVING more join, vs the same streams'
+steady state before anyone arrives (the baseline), in one run.
+
+    python bench/itl_arrivals.py [--model tiny-text] [--running 32] [--arriving 32] [--prompt 512] [--repeats 3]
+
+The running streams have 16-64 token prompts; the arrivals have PROMPT-token prompts and come one every 5 ms.
+Intervals are between consecutive tokens of one running stream, as its consumer on the event loop sees them.
+Steady: the intervals of the 30 steps before the first arrival; under arrivals: from the first arrival until
+every arrival has its first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+
+from app.models import resolve_model
+from bench.measure import report
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from splice.engine_request import EngineRequest
+from splice.sampling import SamplingParams
+
+
+def p99(values: list[float]) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(0.99 * len(values)))]
+
+
+async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(seed)
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    stamps: list[list[float]] = [[] for _ in range(args.running)]
+    first_tokens: list[float] = []
+    arrivals_done = asyncio.Event()
+
+    async def running(i: int) -> None:
+        ids = torch.randint(40, 600, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g).tolist()
+        req = EngineRequest(f"run{i}", ids, sampling=SamplingParams(max_tokens=100_000, **greedy))
+        async for _ in engine.generate(req):
+            stamps[i].append(time.perf_counter())
+            if arrivals_done.is_set():
+                return
+
+    async def arriving(i: int) -> None:
+        ids = torch.randint(40, 600, (args.prompt,), generator=g).tolist()
+        async for _ in engine.generate(EngineRequest(f"arr{i}", ids, sampling=SamplingParams(max_tokens=4, **greedy))):
+            first_tokens.append(time.perf_counter())
+            break
+
+    tasks = [asyncio.create_task(running(i)) for i in range(args.running)]
+    while min(len(s) for s in stamps) < 40:
+        await asyncio.sleep(0.01)
+    start = time.perf_counter()
+    newcomers = []
+    for i in range(args.arriving):
+        newcomers.append(asyncio.create_task(arriving(i)))
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*newcomers)
+    end = max(first_tokens)
+    arrivals_done.set()
+    await asyncio.gather(*tasks)
+    steady, loaded = [], []
+    for s in stamps:
+        gaps = [(b - a, b) for a, b in itertools.pairwise(s)]
+        before = [d for d, t in gaps if t < start][-30:]
+        steady += before
+        loaded += [d for d, t in gaps if start <= t <= end]
+    return p99(loaded) * 1e3, p99(steady) * 1e3
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-text")
+    parser.add_argument("--running", type=int, default=32)
+    parser.add_argument("--arriving", type=int, default=32)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.running + args.arriving)
+    engine = LLMEngine(cfg)
+    engine.start()
+    await engine.warmup()
+    try:
+        loaded, steady = [], []
+        for r in range(args.repeats):
+            a, b = await one_repeat(engine, args, r)
+            loaded.append(a)
+            steady.append(b)
+        report(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs steady", loaded,
+               steady, "ms")
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,84 @@
+"""The Upload stream (preprocessor.proto) -> the Chat or Complete request it carries, with the bytes of its
+streamed prompt_embeds tensors assembled into buffers of their declared sizes (no message size ceiling).
+
+A streamed tensor is a raw prompt_embeds `tensor` of the request whose data is empty and whose declared size
+is not; its bytes follow as TensorChunk messages, counted in request order. Sizes and counts are checked
+against the Limits before anything is allocated; the tensors are handed on as views of those buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from preprocessor.content import Where
+from preprocessor.limits import Limits
+from splice.errors import InvalidArgument
+from splice.tensor_assembly import Declared, TensorAssembly
+from splice.tensors import byte_view, dtype_from_name
+from splice.v1 import common_pb2
+from splice.v1 import preprocessor_pb2 as pp
+
+Request = pp.ChatRequest | pp.CompleteRequest
+
+
+def raw_embeds(request: Request) -> Iterator[tuple[Where, common_pb2.Tensor]]:
+    """Every raw prompt_embeds tensor of `request`, in request order, with where it is."""
+    if isinstance(request, pp.ChatRequest):
+        for m, msg in enumerate(request.messages):
+            for i, part in enumerate(msg.content):
+                if part.WhichOneof("kind") == "prompt_embeds" and part.prompt_embeds.WhichOneof("encoding") == "tensor":
+                    yield Where(m, i), part.prompt_embeds.tensor
+    else:
+        for i, part in enumerate(request.prompt):
+            if part.WhichOneof("kind") == "prompt_embeds" and part.prompt_embeds.WhichOneof("encoding") == "tensor":
+                yield Where(None, i), part.prompt_embeds.tensor
+
+
+class UploadAssembler:
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self.request: Request | None = None
+        self._where: list[Where] = []
+        self._tensors: TensorAssembly | None = None
+
+    def feed(self, part: pp.UploadPart) -> None:
+        kind = part.WhichOneof("part")
+        if kind in ("chat", "complete"):
+            if self.request is not None:
+                raise InvalidArgument("second request in one Upload stream")
+            self._on_request(getattr(part, kind))
+        elif kind == "chunk":
+            if self._tensors is None:
+                raise InvalidArgument("tensor chunk before the request in an Upload stream")
+            self._tensors.add(part.chunk.tensor_index, part.chunk.data)
+        else:
+            raise InvalidArgument("upload part has neither a request nor a chunk")
+
+    def _on_request(self, request: Request) -> None:
+        declared: list[Declared] = []
+        for where, t in raw_embeds(request):
+            what = f"{where}: prompt_embeds"
+            shape = tuple(t.shape)
+            if t.data or not shape or 0 in shape:
+                continue  # sent inline (or nothing to stream): decoded as in Chat / Complete
+            dtype = dtype_from_name(t.dtype, what)
+            if any(d < 0 for d in shape):
+                raise InvalidArgument(f"{what} has a negative dimension in {list(shape)}")
+            d = Declared(what, dtype, shape)
+            if d.nbytes > self._limits.max_embeds_bytes:
+                raise InvalidArgument(f"{what} of shape {list(shape)} is {d.nbytes} bytes; at most "
+                                      f"{self._limits.max_embeds_bytes}")
+            declared.append(d)
+            self._where.append(where)
+        if len(declared) > self._limits.max_embeds_parts:
+            raise InvalidArgument(f"the request streams {len(declared)} prompt_embeds parts; at most "
+                                  f"{self._limits.max_embeds_parts}")
+        self._tensors = TensorAssembly(declared)
+        self.request = request
+
+    def finish(self) -> tuple[Request, dict[Where, memoryview]]:
+        """The request, and the bytes of each streamed tensor by the part it belongs to."""
+        if self.request is None or self._tensors is None:
+            raise InvalidArgument("Upload stream ended without a request")
+        tensors = self._tensors.finish()
+        return self.request, {w: byte_view(t) for w, t in zip(self._where, tensors, strict=True)}
