@@ -39,10 +39,10 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from app.launch import start_stack
-    from app.models import noise_note, resolve_model
+    from app.models import model_note, resolve_model
 
     resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
-    if note := noise_note(args.model):
+    if note := model_note(args.model):
         _say(note)
     engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
                               preprocessor_port=args.port, http_port=args.http_port,
