@@ -155,11 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=_chat)
 
-    p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")
+    p = sub.add_parser("build-tiny", help="build (and train, for the default) the tiny built-in models into the cache")
     p.add_argument("names", nargs="*")
     p.set_defaults(func=_build_tiny)
 
-    p = sub.add_parser("demo", help=f"run the seed scenario (text + embeds + image) on {DEFAULT_MODEL}")
+    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--max-tokens", type=int, default=24)
     p.set_defaults(func=_demo)

@@ -310,7 +310,8 @@ def ensure(name: str, seed: int = DEFAULT_SEED, progress: Callable[[str], None] 
         if (out / MARKER).exists():
             return out
         if progress:
-            progress(f"building {name} (seed {seed}) in {out}")
+            training = " and training it (about a minute on CPU)" if TINY_MODELS[name].trained else ""
+            progress(f"building {name} (seed {seed}){training} in {out}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_seeded(TINY_MODELS[name], tmp, seed)
