@@ -40,11 +40,11 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from app.launch import StartFailed, start_stack
-    from app.models import noise_note, resolve_model
+    from app.models import model_note, resolve_model
     from app.supervise import Supervisor
 
     resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
-    if note := noise_note(args.model):
+    if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
     try:
@@ -179,11 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="the server's key (default: $SPLICE_API_KEY)")
     p.set_defaults(func=_chat)
 
-    p = sub.add_parser("build-tiny", help="build the tiny built-in models into the cache")
+    p = sub.add_parser("build-tiny", help="build (and train, for the default) the tiny built-in models into the cache")
     p.add_argument("names", nargs="*")
     p.set_defaults(func=_build_tiny)
 
-    p = sub.add_parser("demo", help=f"run the seed scenario (text + embeds + image) on {DEFAULT_MODEL}")
+    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--max-tokens", type=int, default=24)
     p.set_defaults(func=_demo)

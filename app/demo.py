@@ -1,13 +1,23 @@
-"""The seed scenario: one conversation mixing text, prompt embeddings, an image and more text."""
+"""The seed scenario, the report's conversation: text, prompt embeddings that say the user's favourite colour, a
+picture, a question asking for both. Asked again with the sentence as plain text: prompt embeddings equal to a
+text's embedding rows must act as that text, so on the trained default model both answers name both colours."""
 
 from __future__ import annotations
 
+import base64
+import io
+import random
 import sys
 from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw
 from safetensors import safe_open
+
+from app.tiny import colors
+from splice.v1 import preprocessor_pb2 as pp
+
+DEMO_PICTURE_SEED = 2024
 
 
 def sample_picture(width: int = 96, height: int = 64) -> Image.Image:
@@ -30,62 +40,93 @@ def embedding_rows(model_dir: str | Path, token_ids: list[int]) -> torch.Tensor:
     raise FileNotFoundError(f"no embed_tokens.weight in {model_dir}")
 
 
-def seed_conversation(model_dir: str | Path) -> list[dict]:
+def vllm_base64(tensor: torch.Tensor) -> str:
+    """vLLM's prompt_embeds encoding: base64 of torch.save(tensor)."""
+    buf = io.BytesIO()
+    torch.save(tensor, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def demo_picture() -> Image.Image:
+    """A generated picture of mostly the demo's colour, unlike any the model was trained on (its own seed)."""
+    return colors.picture(colors.DEMO_PAIR[0], random.Random(DEMO_PICTURE_SEED))
+
+
+def seed_conversation(model_dir: str | Path) -> tuple[list[dict], list[dict]]:
+    """The report's conversation twice: with the favourite-colour sentence as a prompt_embeds part (the rows of
+    the model's own embedding table for its tokens, in vLLM's encoding), and as plain text."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    phrase_ids = tok("a small picture of shapes", add_special_tokens=False).input_ids
-    embeds = embedding_rows(model_dir, phrase_ids)  # [n, hidden]
-    return [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": [
-            {"type": "text", "text": "Here is a soft prompt: "},
-            {"type": "prompt_embeds", "prompt_embeds": embeds},
-            {"type": "text", "text": " and a picture:"},
-            {"type": "image", "image": sample_picture()},
-            {"type": "text", "text": "Describe the picture in one sentence."},
-        ]},
-    ]
+    example = colors.demo_example()
+    ids = tok(example.favorite_text, add_special_tokens=False).input_ids
+    embeds = embedding_rows(model_dir, ids)  # [n, hidden]
+    part = {"type": "prompt_embeds", "prompt_embeds": pp.PromptEmbeds(torch_base64=vllm_base64(embeds)),
+            "shape": list(embeds.shape), "says": example.favorite_text}
+    image = demo_picture()
+    return example.messages(image, favorite_part=part), example.messages(image)
 
 
 def describe(messages: list[dict]) -> str:
     """One line per message: its role and the kinds (and sizes) of its parts."""
-    lines = []
-    for m in messages:
-        if isinstance(m["content"], str):
-            parts = [repr(m["content"])]
-        else:
-            parts = [repr(p["text"]) if p["type"] == "text" else
-                     f"<prompt_embeds {list(p['prompt_embeds'].shape)}>" if p["type"] == "prompt_embeds" else
-                     f"<image {p['image'].size[0]}x{p['image'].size[1]}>" for p in m["content"]]
-        lines.append(f"{m['role']}: " + " ".join(parts))
-    return "\n".join(lines)
+    def part(p: dict) -> str:
+        if p["type"] == "text":
+            return repr(p["text"])
+        if p["type"] == "prompt_embeds":
+            return f"<prompt_embeds {p['shape']}, vLLM base64, the rows of {p['says']!r}>"
+        return f"<image {p['image'].size[0]}x{p['image'].size[1]}>"
+
+    return "\n".join(f"{m['role']}: " + (repr(m["content"]) if isinstance(m["content"], str) else
+                                         " ".join(part(p) for p in m["content"])) for m in messages)
+
+
+def _sendable(messages: list[dict]) -> list[dict]:
+    """The messages as the client takes them: a prompt_embeds part as its protobuf (the torch_base64 form)."""
+    def part(p: dict) -> dict | pp.ContentPart:
+        return pp.ContentPart(prompt_embeds=p["prompt_embeds"]) if p["type"] == "prompt_embeds" else p
+
+    return [m if isinstance(m["content"], str) else {**m, "content": [part(p) for p in m["content"]]}
+            for m in messages]
+
+
+def ask(client, messages: list[dict], max_tokens: int) -> tuple[str, object, str]:
+    """(answer, usage, finish reason) for one greedy chat."""
+    text, usage, finish = "", None, None
+    for chunk in client.chat(_sendable(messages), temperature=0.0, max_tokens=max_tokens):
+        text += chunk.text
+        usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+    return text.strip(), usage, finish
 
 
 def run_demo(model: str, max_tokens: int = 24) -> int:
     from app.launch import start_stack
-    from app.models import noise_note, resolve_model
+    from app.models import model_note, resolve_model
     from clients import SpliceClient
 
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     model_dir = resolve_model(model, progress=say)
-    if note := noise_note(model):
+    if note := model_note(model):
         say(note)
     say("starting engine and preprocessor ...")
     engine, pre = start_stack(model, echo=say)
     try:
         say(f"engine on {engine.address}, preprocessor on {pre.address}")
-        messages = seed_conversation(model_dir)
-        print(describe(messages))
+        as_embeds, as_text = seed_conversation(model_dir)
+        print(f"The report's conversation (a generated, mostly {colors.DEMO_PAIR[0]} picture), the favourite-colour "
+              f"sentence sent as prompt embeddings:")
+        print(describe(as_embeds))
         with SpliceClient(pre.address, timeout=300) as client:
-            print("assistant: ", end="", flush=True)
-            usage = finish = None
-            for chunk in client.chat(messages, temperature=0.0, max_tokens=max_tokens):
-                print(chunk.text, end="", flush=True)
-                usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+            answer, usage, finish = ask(client, as_embeds, max_tokens)
+            print(f"assistant: {answer}")
+            print(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} "
+                  f"completion_tokens={usage.completion_tokens}")
             print()
-        print(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} "
-              f"completion_tokens={usage.completion_tokens}")
+            print("The same question with the sentence as plain text:")
+            print(describe(as_text))
+            plain, _, _ = ask(client, as_text, max_tokens)
+            print(f"assistant: {plain}")
+        print()
+        print(f"identical answers: {'yes' if answer == plain else 'no'}")
         return 0
     finally:
         pre.stop()

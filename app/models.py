@@ -8,14 +8,17 @@ from pathlib import Path
 from app.tiny import TINY_MODELS, ensure
 from splice.errors import FailedPrecondition
 
-NOISE_NOTE = ("note: {model} is a built-in tiny model with random weights: its answers are noise by "
-              "construction. Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) "
-              "for real weights.")
+REAL_WEIGHTS = "Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) for real weights."
+NOISE_NOTE = "note: {model} is a built-in tiny model with random weights: its answers are noise by construction. "
+TRAINED_NOTE = ("note: {model} is a built-in tiny model trained only on a synthetic task (app/tiny/colors.py): "
+                "it names a picture's colour and the favourite colour a user states, and nothing else. ")
 
 
-def noise_note(model: str) -> str | None:
-    """What to tell a user about `model`'s answers: built-in tiny models answer noise."""
-    return NOISE_NOTE.format(model=model) if model in TINY_MODELS else None
+def model_note(model: str) -> str | None:
+    """What to tell a user about `model`'s answers: built-in tiny models answer noise, or only their task."""
+    if model not in TINY_MODELS:
+        return None
+    return (TRAINED_NOTE if TINY_MODELS[model].trained else NOISE_NOTE).format(model=model) + REAL_WEIGHTS
 
 
 def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = None) -> str:

@@ -1,4 +1,5 @@
-"""Tiny deterministic models: real HF architectures, random weights, tokenizers built here.
+"""Tiny deterministic models: real HF architectures, tokenizers built here; random weights, except the default
+(tiny-idefics3-colors), trained here on a synthetic colour task (colors.py, train.py).
 
 `ensure("tiny-llava")` returns the folder of a cached checkpoint, building it first when missing.
 """

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from app.tiny import templates
+from app.tiny.corpus import CORPUS
 from app.tiny.tokenizer import EOS, PAD, build_tokenizer
 from preprocessor.processor_parts import save_without_missing_parts, without_missing_parts
 
@@ -28,7 +29,7 @@ from preprocessor.processor_parts import save_without_missing_parts, without_mis
 # new version is built beside the old one instead of reusing stale files.
 BUILDER_VERSION = 2  # 2: written by transformers 5
 DEFAULT_SEED = 0
-DEFAULT_MODEL = "tiny-idefics3"
+DEFAULT_MODEL = "tiny-idefics3-colors"
 MARKER = "splice_tiny.json"
 
 # Sizes shared by every tiny text backbone.
@@ -121,7 +122,7 @@ def _build_llava(out: Path) -> None:
     processor.save_pretrained(out)
 
 
-def _build_idefics3(out: Path) -> None:
+def _build_idefics3(out: Path, corpus: str = CORPUS) -> None:
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
@@ -131,7 +132,7 @@ def _build_idefics3(out: Path) -> None:
         LlamaConfig,
     )
 
-    tok = build_tokenizer(IDEFICS3_SPECIALS, templates.IDEFICS3)
+    tok = build_tokenizer(IDEFICS3_SPECIALS, templates.IDEFICS3, corpus=corpus)
     scale_factor = 2
     config = Idefics3Config(
         vision_config=Idefics3VisionConfig(**VISION),
@@ -561,6 +562,16 @@ def _build_smolvlm(out: Path) -> None:
     save_without_missing_parts(processor, out)
 
 
+def _build_idefics3_colors(out: Path) -> None:
+    """tiny-idefics3, its tokenizer also learned from the colour task's text, then trained on that task (about a
+    minute on CPU): the built-in model whose answers mean something."""
+    from app.tiny import colors
+    from app.tiny.train import train_colors
+
+    _build_idefics3(out, corpus=CORPUS + colors.corpus())
+    train_colors(out, seed=torch.initial_seed())
+
+
 @dataclass(frozen=True)
 class TinyModel:
     name: str
@@ -569,6 +580,8 @@ class TinyModel:
     # vocab_size > len(tokenizer), as in the real model: a sentinel lands inside the table (and must still never
     # reach the engine). False: vocab_size == len(tokenizer), a sentinel overflows it.
     headroom: bool = False
+    # Trained (app/tiny/train.py) rather than random: its answers mean something on its task.
+    trained: bool = False
 
 
 TINY_MODELS: dict[str, TinyModel] = {
@@ -577,6 +590,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-text", "text", _build_text),
         TinyModel("tiny-llava", "llava", _build_llava),
         TinyModel("tiny-idefics3", "idefics3", _build_idefics3),
+        TinyModel("tiny-idefics3-colors", "idefics3", _build_idefics3_colors, trained=True),
         TinyModel("tiny-gemma3", "gemma3", _build_gemma3, headroom=True),
         TinyModel("tiny-gemma4", "gemma4", _build_gemma4),
         TinyModel("tiny-qwen2-vl", "qwen2_vl", _build_qwen2_vl, headroom=True),
@@ -603,7 +617,8 @@ def ensure(name: str, seed: int = DEFAULT_SEED, progress: Callable[[str], None] 
         if (out / MARKER).exists():
             return out
         if progress:
-            progress(f"building {name} (seed {seed}) in {out}")
+            training = " and training it (about a minute on CPU)" if TINY_MODELS[name].trained else ""
+            progress(f"building {name} (seed {seed}){training} in {out}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_seeded(TINY_MODELS[name], tmp, seed)

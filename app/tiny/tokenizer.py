@@ -17,10 +17,10 @@ MERGE_BUDGET = 400
 
 
 def build_tokenizer(extra_specials: list[str], chat_template: str,
-                    named: dict[str, str] | None = None) -> PreTrainedTokenizerFast:
+                    named: dict[str, str] | None = None, corpus: str = CORPUS) -> PreTrainedTokenizerFast:
     """A fast tokenizer whose specials are BASE_SPECIALS + extra_specials + named's values (all single tokens).
     `named` gives some of them attribute names (e.g. {"image_token": "<|image|>"} -> tok.image_token), as real
-    tokenizers whose processors read them (Gemma 4) do."""
+    tokenizers whose processors read them (Gemma 4) do. `corpus`: the text the merges are learned from."""
     extra_specials = extra_specials + [s for s in (named or {}).values() if s not in extra_specials]
     specials = BASE_SPECIALS + [s for s in extra_specials if s not in BASE_SPECIALS]
     core = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -33,7 +33,7 @@ def build_tokenizer(extra_specials: list[str], chat_template: str,
         show_progress=False,
     )
     # Repeating the corpus gives the trainer stable counts; training is single-pass and ordered.
-    core.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    core.train_from_iterator([corpus] * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=BOS,
