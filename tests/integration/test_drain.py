@@ -14,7 +14,7 @@ from app.launch import start_stack
 from clients import SpliceClient, SpliceClientError
 from tests.integration.conftest import MODEL
 
-TOKENS = 120
+TOKENS = 1500  # long enough that the stream outlives the health checks below, however fast the machine
 LONG = {"temperature": 0.0, "max_tokens": TOKENS, "ignore_eos": True}
 HI = [{"role": "user", "content": "Tell me a story."}]
 
