@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help="require 'authorization: Bearer KEY' from callers, i.e. preprocessors "
                              "(default: $SPLICE_ENGINE_API_KEY); health stays open")
+    parser.add_argument("--max-connection-age", type=float, default=300.0,
+                        help="seconds after which each client connection is closed once its streams end, so "
+                             "preprocessors re-resolve a dns:/// target and find new replicas (0: never)")
     parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
                         help="on SIGTERM: seconds running streams get to finish (health NOT_SERVING and new calls "
                              "UNAVAILABLE meanwhile)")
@@ -62,7 +65,8 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
                        upload_idle_timeout=args.upload_idle_timeout)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
-                          api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None)
+                          api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
+                          max_connection_age=args.max_connection_age)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
