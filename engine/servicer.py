@@ -31,13 +31,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.upload_idle_timeout = upload_idle_timeout
         self.replica = replica  # how this replica names itself in errors (address and host)
         self._rate = CallRate()
+        self._in_flight = 0
 
     def _load_report(self) -> bytes:
-        """Sequences running and waiting per running slot: 1.0 = every slot busy, more = a queue."""
+        """Generate calls in flight (uploading, waiting or running, this one included) per running slot: 1.0 =
+        every slot busy, more = a queue."""
         engine = self.engine
         if engine is None:
             return encode_load_report(1.0, 0.0)
-        busy = (engine.num_running + engine.num_waiting) / engine.cfg.max_running_seqs
+        busy = self._in_flight / engine.cfg.max_running_seqs
         return encode_load_report(max(busy, MIN_UTILIZATION), self._rate.per_second())
 
     def _model_refusal(self, fingerprint: str, engine: LLMEngine) -> FailedPrecondition | None:
@@ -67,11 +69,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
         engine = self._ready()
+        self._in_flight += 1
         try:
             async for out in self._generate(engine, request_iterator):
                 yield out
         finally:
             context.set_trailing_metadata(((TRAILER, self._load_report()),))
+            self._in_flight -= 1
             self._rate.finished()
 
     async def _generate(self, engine: LLMEngine, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],

@@ -38,9 +38,11 @@ def decode_load_report(data: bytes) -> dict[int, float]:
 
 
 class CallRate:
-    """Calls finished per second over the last `window` seconds (thread-safe)."""
+    """Calls finished per second over the last `window` seconds (thread-safe). A short window: the balancer
+    compares replicas' rps / utilization, which only means capacity when every rate covers the same recent past
+    (a long window makes a freshly restarted replica look faster than one with an idle past)."""
 
-    def __init__(self, window: float = 10.0) -> None:
+    def __init__(self, window: float = 2.0) -> None:
         self.window = window
         self._times: deque[float] = deque()
         self._lock = threading.Lock()

@@ -79,7 +79,7 @@ def test_both_replicas_serve(fleet):
     assert sum(served) == 16 and min(served) >= 4, served
 
 
-def _hold_stream(engine: Service) -> asyncio.AbstractEventLoop:
+def _hold_stream(engine: Service) -> None:
     """A long stream on `engine` directly (so that its drain lasts), running on a loop in a thread."""
     import threading
 
@@ -102,7 +102,6 @@ def _hold_stream(engine: Service) -> asyncio.AbstractEventLoop:
 
     threading.Thread(target=lambda: loop.run_until_complete(run()), daemon=True).start()
     assert started.wait(60)
-    return loop
 
 
 def test_a_running_stream_fails_unavailable_when_its_replica_dies_and_the_next_request_succeeds(fleet):
@@ -143,7 +142,7 @@ def _running(engine: Service) -> int:
 def test_a_draining_replica_gets_nothing(fleet):
     engines, pre = fleet
     draining, other = engines
-    loop = _hold_stream(draining)  # keeps the drain going
+    _hold_stream(draining)  # keeps the drain going
     draining.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)  # the health watch sees NOT_SERVING
     try:
@@ -155,9 +154,63 @@ def test_a_draining_replica_gets_nothing(fleet):
         assert _generate_calls(draining) == before[0], "a draining replica got a call"
         assert _generate_calls(other) - before[1] == 8
     finally:
-        draining.kill()
-        loop.call_soon_threadsafe(loop.stop)
+        draining.kill()  # ends the held stream too
     engines[0] = _engine(port=int(draining.address.rsplit(":", 1)[1]))
+
+
+def _idle_uploads(engine: Service, n: int, seconds: float) -> list:
+    """`n` Generate calls to `engine` that send their header, declare a tensor and then nothing for `seconds`:
+    in flight all along (load), refused in the end by the engine's idle-upload timeout or cancelled."""
+    import threading
+
+    from splice.v1 import engine_pb2, engine_pb2_grpc
+
+    channel = grpc.insecure_channel(engine.address)
+    stub = engine_pb2_grpc.EngineStub(channel)
+    calls = []
+
+    def parts():
+        yield engine_pb2.GenerateRequestPart(header=engine_pb2.GenerateHeader(
+            request_id="idle", token_ids=[1, 0, 0, 2], tensors=[engine_pb2.TensorMeta(
+                name="prompt_embeds", dtype="float32", shape=[2, 64])]))
+        time.sleep(seconds)
+
+    for _ in range(n):
+        call = stub.Generate(parts())
+        calls.append(call)
+        threading.Thread(target=_drain, args=(call,), daemon=True).start()
+    return [channel, *calls]
+
+
+def _drain(call) -> None:
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError:
+        pass
+
+
+def test_a_busier_replica_gets_fewer_calls(fleet):
+    """Weighted round robin on the load each replica reports in its trailers (ORCA): three calls in flight on one
+    replica of four slots against none on the other."""
+    engines, pre = fleet
+    busy = engines[0]
+    held = _idle_uploads(busy, 3, 20.0)
+    try:
+        with SpliceClient(pre.address, timeout=60) as client:
+            warm_until = time.monotonic() + 2.5  # both report their load; weights apply after a 1 s blackout
+            while time.monotonic() < warm_until:
+                _short(client)
+            before = [_generate_calls(e) for e in engines]
+            for _ in range(20):
+                _short(client)
+        got = [_generate_calls(e) - b for e, b in zip(engines, before, strict=True)]
+        print(f"20 calls, busy replica vs idle one: {got}")
+        assert got[0] + got[1] == 20 and got[1] >= 14, got
+    finally:
+        for call in held[1:]:
+            call.cancel()
+        held[0].close()
 
 
 def test_a_replica_serving_another_model_refuses_and_is_named(fleet):
