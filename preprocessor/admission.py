@@ -76,7 +76,7 @@ class AdmissionInterceptor(SpliceInterceptor):
         self.admission = admission
 
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        if handler.request_streaming:  # no client-streaming RPC on the public API
+        if handler.request_streaming:  # Upload: admitted by its servicer once its first message declares its size
             return handler
         parse = handler.request_deserializer
         tickets: list[Ticket] = []  # this call's, set by its deserializer

@@ -1,6 +1,7 @@
 """What a caller sends cannot crash or stall a server: request messages that do not parse (malformed protobuf,
 invalid UTF-8 in a string field) are INVALID_ARGUMENT with one log line, on both servers and every request shape
-(unary, client stream); Generate uploads that stall time out and release the engine's tensor budget."""
+(unary, client stream); Generate and Upload streams that stall time out and release what they hold (the engine's
+tensor budget, the preprocessor's admission, which Upload shares with every other call)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest_asyncio
 
 from engine.config import EngineConfig
 from engine.server import EngineServer
+from preprocessor.admission import Admission
 from preprocessor.core import PreprocessorCore
+from preprocessor.limits import Limits
 from preprocessor.server import PreprocessorServer
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc, preprocessor_pb2
 from tests.preprocessor.pp_factories import files_for, model_info_from_config
@@ -154,3 +157,54 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
             assert done[-1].usage.completion_tokens == 1
     finally:
         budget.limit = saved
+
+
+async def test_uploads_are_admitted_by_their_declared_size_and_idle_ones_time_out(tiny_dirs):
+    """The public Upload stream shares the admission caps of every other call (taken when its first message
+    declares its size, before its buffers exist), and a silent one is abandoned and gives them back."""
+    path = tiny_dirs["tiny-text"]
+    info = model_info_from_config(path)
+    rows = 64
+    nbytes = rows * info.hidden_size * 4
+    admission = Admission(max_concurrent=3, max_bytes=2 * nbytes + nbytes // 2)  # room for two such uploads
+    core = PreprocessorCore(files_for(path), info, limits=Limits(upload_idle_timeout=IDLE_TIMEOUT))
+    server = PreprocessorServer(core=core, admission=admission)
+    port = await server.start()
+    declared = preprocessor_pb2.UploadPart(chat=preprocessor_pb2.ChatRequest(messages=[preprocessor_pb2.ChatMessage(
+        role="user", content=[preprocessor_pb2.ContentPart(prompt_embeds=preprocessor_pb2.PromptEmbeds(
+            tensor=common_pb2.Tensor(dtype="float32", shape=[rows, info.hidden_size])))])]))
+    never = asyncio.Event()
+
+    async def silent():  # declares its tensor, then sends nothing
+        yield declared
+        await never.wait()
+
+    async def headerless():  # not even a request
+        await never.wait()
+        yield declared
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            upload = channel.stream_stream("/splice.v1.Preprocessor/Upload",
+                                           request_serializer=preprocessor_pb2.UploadPart.SerializeToString)
+            idle = [upload(silent()) for _ in range(2)] + [upload(headerless())]
+            for _ in range(200):
+                if admission.held >= 2 * nbytes:
+                    break
+                await asyncio.sleep(0.01)
+            assert admission.running == 2 and admission.held >= 2 * nbytes
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                _ = [r async for r in upload(silent())]
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, busy.value
+            assert "--max-inflight-request-bytes" in busy.value.details()
+            began = time.monotonic()
+            for call in idle:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    _ = [r async for r in call]
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+                assert "--upload-idle-timeout" in err.value.details()
+            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+            assert admission.running == 0 and admission.held == 0
+    finally:
+        never.set()
+        await server.stop(0)
