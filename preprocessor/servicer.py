@@ -59,15 +59,21 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Upload(self, request_iterator: AsyncIterator[preprocessor_pb2.UploadPart],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
-        tickets: list[Ticket] = []  # the admission taken when the first message declared the upload's size
-        upload = UploadAssembler(core.limits, admit=lambda nbytes: tickets.append(self._admission.enter(nbytes)))
+        tickets: list[Ticket] = []  # its admission, from when the first message declares its size
+        upload = UploadAssembler(core.limits, admit=lambda nbytes: tickets.append(self._admission.stream(nbytes)))
         parts = aiter(request_iterator)
         idle = core.limits.upload_idle_timeout
         try:
             try:
                 received = 0
                 while (part := await _next_part(parts, received, idle)) is not None:
+                    # It holds its bytes as they arrive (the buffers are committed as written), each part
+                    # before it is written; the request message once it admitted the upload.
+                    if tickets:
+                        tickets[0].grow(part.ByteSize())
                     upload.feed(part)
+                    if received == 0 and tickets:
+                        tickets[0].grow(part.ByteSize())
                     received += 1
             except SpliceError as exc:
                 # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
@@ -78,6 +84,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
                         while await _next_part(parts, received, idle) is not None:
                             pass
                 raise
+            if tickets:
+                tickets[0].place()
             request, streamed = upload.finish()
             sampling = SamplingParams.from_pb(request.sampling)
             if isinstance(request, preprocessor_pb2.ChatRequest):

@@ -3,8 +3,8 @@ streamed prompt_embeds tensors assembled into buffers of their declared sizes (n
 
 A streamed tensor is a raw prompt_embeds `tensor` of the request whose data is empty and whose declared size
 is not; its bytes follow as TensorChunk messages, counted in request order. Sizes and counts are checked
-against the Limits, and the whole request is admitted (preprocessor/admission.py) by the bytes it declares,
-before anything is allocated; the tensors are handed on as views of those buffers.
+against the Limits, and the request's declared size against admission (preprocessor/admission.py), before
+anything is allocated; the tensors are handed on as views of those buffers.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def raw_embeds(request: Request) -> Iterator[tuple[Where, common_pb2.Tensor]]:
 class UploadAssembler:
     def __init__(self, limits: Limits, admit: Callable[[int], None] | None = None) -> None:
         """`admit(nbytes)`: called once the request declared its size (its message plus the tensors it streams),
-        before they are allocated; it raises to refuse the upload."""
+        before the buffers are allocated; it raises to refuse the upload."""
         self._limits = limits
         self._admit = admit
         self.request: Request | None = None
