@@ -299,15 +299,15 @@ async def hostile(up: Up, workers: int, seconds: float) -> Outcome:
         hidden = (await client.model_info()).hidden_size
     clean = await soak(up.address, workers, seconds, seed=1)
     stop = asyncio.Event()
-    template, generate, upload, oversized = ("request template (runs for hours)", "silent Generate declaring 512 MiB",
+    template, generate, upload, oversized = ("request template (runs for hours)", "silent Generate declaring 1 GiB",
                                              "silent Upload declaring 256 MiB", "oversized prompt_embeds (2x the cap)")
     kinds = {name: Hostile() for name in (template, generate, upload, oversized)}
-    # Silent Generate streams hold what they declare until the idle timeout: here half of the engine's 4 GiB
-    # tensor budget (only preprocessors can call it; a full budget refuses tensors that long). Silent Upload
-    # streams hold only what they sent: these declare the preprocessor's whole 1 GiB of request bytes.
+    # The reproducer: four silent Generate streams declaring 1 GiB each, the engine's whole 4 GiB tensor
+    # budget; silent Upload streams declaring the preprocessor's whole 1 GiB of request bytes. Both hold only
+    # what they sent (nothing) until the idle timeout abandons them.
     hostile_tasks = [
         *(_forever(stop, kinds[template], lambda: _template(up.address)) for _ in range(2)),
-        *(_forever(stop, kinds[generate], lambda: _silent_generate(up.engine_address, hidden, 512 * MiB, stop))
+        *(_forever(stop, kinds[generate], lambda: _silent_generate(up.engine_address, hidden, 1024 * MiB, stop))
           for _ in range(4)),
         *(_forever(stop, kinds[upload], lambda: _silent_upload(up.address, hidden, 32, stop)) for _ in range(4)),
         _forever(stop, kinds[oversized], lambda: _oversized(up.address, hidden)),

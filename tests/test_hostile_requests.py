@@ -1,8 +1,8 @@
 """What a caller sends cannot crash or stall a server: request messages that do not parse (malformed protobuf,
 invalid UTF-8 in a string field) are INVALID_ARGUMENT with one log line, on both servers and every request shape
-(unary, client stream); Generate and Upload streams that stall time out and release what they hold (the engine's
-tensor budget; the bytes an Upload holds of the preprocessor's admission, which it shares with every other
-call)."""
+(unary, client stream); Generate and Upload streams hold the bytes they sent, not those they declared, and
+streams that stall time out and release them (the engine's tensor budget; the preprocessor's admission, which
+Upload shares with every other call)."""
 
 from __future__ import annotations
 
@@ -122,12 +122,13 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
         tensors=[engine_pb2.TensorMeta(name="prompt_embeds", dtype="float32", shape=[rows, info.hidden_size])],
         sampling=common_pb2.SamplingParams(max_tokens=1))
     budget = engine_server.servicer.budget
-    saved, budget.limit = budget.limit, 2 * nbytes  # two such requests fill it
+    saved, budget.limit = budget.limit, nbytes + nbytes // 2  # not room for a whole one beside two halves
     never = asyncio.Event()
 
-    async def stalls():  # the header, one chunk of half the bytes, then silence
+    async def stalls(sent: int):  # the header, one chunk of `sent` bytes (if any), then silence
         yield engine_pb2.GenerateRequestPart(header=header)
-        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
+        if sent:
+            yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(sent)))
         await never.wait()
 
     async def complete():
@@ -137,12 +138,15 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
     try:
         async with grpc.aio.insecure_channel(engine_server.address) as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
-            idle = [stub.Generate(stalls()) for _ in range(2)]
+            # Silent after the header: they hold nothing, however much they declared.
+            idle = [stub.Generate(stalls(0)) for _ in range(4)] + [stub.Generate(stalls(nbytes // 2))
+                                                                   for _ in range(2)]
             for _ in range(200):
-                if budget.used == 2 * nbytes:
+                if budget.used == nbytes:
                     break
                 await asyncio.sleep(0.01)
-            assert budget.used == 2 * nbytes
+            await asyncio.sleep(0.1)
+            assert budget.used == nbytes  # the two halves sent
             with pytest.raises(grpc.aio.AioRpcError) as busy:
                 _ = [r async for r in stub.Generate(complete())]
             assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
