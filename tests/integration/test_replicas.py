@@ -213,6 +213,27 @@ def test_a_busier_replica_gets_fewer_calls(fleet):
         held[0].close()
 
 
+def test_clients_reach_several_preprocessors_through_one_target(fleet):
+    engines, _ = fleet
+    target = "ipv4:" + ",".join(e.address for e in engines)
+    pres = [start("preprocessor", ["--engine", target, "--port", "0", "--metrics-port", "0"]) for _ in range(2)]
+    try:
+        for pre in pres:
+            wait_healthy(pre.address)
+        with SpliceClient("ipv4:" + ",".join(p.address for p in pres), timeout=60) as client:
+            for _ in range(8):
+                client.tokenize(text="Hi")
+        calls = []
+        for pre in pres:
+            line = next(x for x in pre.output if x.startswith("preprocessor metrics on "))
+            body = urllib.request.urlopen(f"http://{line.rsplit(' ', 1)[1]}/metrics", timeout=5).read().decode()
+            calls.append(_sum(body, r'^splice_rpc_requests_total\{[^}]*method="Tokenize"[^}]*\} (\S+)$'))
+        assert sum(calls) == 8 and min(calls) >= 2, calls  # round robin, from when both connections are up
+    finally:
+        for pre in pres:
+            pre.stop(grace=5)
+
+
 def test_a_replica_serving_another_model_refuses_and_is_named(fleet):
     engines, pre = fleet
     odd_port = int(engines[1].address.rsplit(":", 1)[1])
