@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from engine.models.attention import use_grouped_sdpa
 from engine.models.padded_cache import PaddedKVCache
 from splice.engine_request import EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -100,7 +101,7 @@ class ModelFamily:
         self.cache = PaddedKVCache()
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
-        self._min = torch.finfo(dtype).min
+        use_grouped_sdpa(model)
 
     # --- loading -------------------------------------------------------------------------------------
 
@@ -172,21 +173,23 @@ class ModelFamily:
 
     # --- one forward ---------------------------------------------------------------------------------
 
-    def causal_mask(self, mask: torch.Tensor, q: int, window: int | None = None) -> torch.Tensor:
-        """mask [rows, T] (T includes the q new columns) -> additive [rows, 1, q, T]; `window` limits how far
-        back a query sees (sliding-window layers). The dtype's min, not -inf, keeps padding rows finite."""
+    def causal_mask(self, mask: torch.Tensor, q: int, window: int | None = None,
+                    dense: bool = False) -> torch.Tensor | None:
+        """mask [rows, T] (T includes the q new columns) -> boolean [rows, 1, q, T] (True = attend), or None when
+        SDPA needs none: nothing padded and the queries are one decode position or the whole (causal) prompt.
+        `window` limits how far back a query sees (sliding-window layers); `dense` always builds the tensor."""
         width = mask.shape[1]
+        if not dense and (q == 1 or q == width) and (window is None or width <= window) and bool(mask.all()):
+            return None
         key = torch.arange(width, device=mask.device)
         query = torch.arange(width - q, width, device=mask.device)
         allowed = key[None, :] <= query[:, None]  # [q, T]
         if window is not None:
             allowed &= key[None, :] > query[:, None] - window
-        allowed = allowed[None] & mask[:, None, :].bool()  # [rows, q, T]
-        out = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
-        return out.masked_fill_(~allowed, self._min)[:, None]
+        return (allowed[None] & mask[:, None, :].bool())[:, None]  # [rows, 1, q, T]
 
-    def attention_mask(self, step: StepInputs) -> torch.Tensor | dict[str, torch.Tensor]:
-        """What the backbone takes as attention_mask: one 4-D mask, or one per layer type."""
+    def attention_mask(self, step: StepInputs) -> torch.Tensor | dict[str, torch.Tensor | None] | None:
+        """What the backbone takes as attention_mask: one 4-D mask (or None), or one per layer type."""
         return self.causal_mask(step.mask, step.token_ids.shape[1])
 
     def forward_kwargs(self, step: StepInputs, embeds: torch.Tensor) -> dict[str, Any]:

@@ -101,7 +101,7 @@ class Gemma4(ModelFamily):
         pos = inputs["image_position_ids"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.model.get_image_features(pv, pos))  # [soft tokens of all images, hidden]
 
-    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor]:
+    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         q = step.token_ids.shape[1]
         masks = {"full_attention": self.causal_mask(step.mask, q)}
         if "sliding_attention" in self.layer_types:
