@@ -18,6 +18,8 @@ import torch
 from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.slot_cache import SlotKV
 
+PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
+
 
 def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     if n == 0:
@@ -73,8 +75,50 @@ class ModelRunner:
     def prefill(self, seq_ids: list[int], prompts: list[Prompt]) -> torch.Tensor:
         """One merged Prompt per sequence -> logits [len(seq_ids), vocab]; the rows join the batch in new slots.
 
-        On an exception the running batch is untouched (new rows only ever write to slots past the ones in use).
+        Prompts longer than PREFILL_CHUNK go alone, chunk by chunk, where the family allows it (so no forward
+        holds more than PREFILL_CHUNK queries, nor a mask of more than PREFILL_CHUNK x T); the others go together,
+        left-padded. On an exception the running batch is untouched: new rows only ever write to slots past the
+        ones in use, and are recorded only once every forward has succeeded.
         """
+        f = self.family
+        b = self.batch
+        kv = b.kv if b is not None else SlotKV()
+        cache = f.cache.for_prefill(kv, b.cache if b is not None else None)
+        long = [i for i, p in enumerate(prompts) if len(p.token_ids) > PREFILL_CHUNK and f.chunkable(p)]
+        group = [i for i in range(len(prompts)) if i not in long]
+        slot = kv.rows
+        logits, starts, ends = [], [], []
+        try:
+            if group:
+                rows, pads = self._prefill_padded([prompts[i] for i in group], kv, cache, slot)
+                logits.append(rows)
+                starts += pads
+                ends += [len(prompts[group[0]].token_ids) + pads[0]] * len(group)
+            for k, i in enumerate(long):
+                logits.append(self._prefill_chunked(prompts[i], kv, cache, slot + len(group) + k))
+                starts.append(0)
+                ends.append(len(prompts[i].token_ids))
+        finally:
+            kv.refresh()
+        in_slots = group + long  # prompt index of each new slot
+        kv.add_rows(starts, ends)
+        nexts = torch.tensor([prompts[i].next_position for i in in_slots], device=f.device)
+        new_seqs = [seq_ids[i] for i in in_slots]
+        if b is None:
+            self.batch = b = Batch(list(seq_ids), new_seqs, cache, kv, nexts)
+        else:
+            b.cache = f.cache.join(b.cache, cache)
+            b.seq_ids += seq_ids
+            b.slot_seqs += new_seqs
+            b.positions = torch.cat([b.positions, nexts])
+        b.reorder()
+        kv.refresh()
+        out = torch.cat(logits)  # [len(prompts), vocab] in slot order
+        return out[torch.tensor(in_slots).argsort()] if long and group else out
+
+    def _prefill_padded(self, prompts: list[Prompt], kv: SlotKV, cache: Any,
+                        slot: int) -> tuple[torch.Tensor, list[int]]:
+        """One forward of `prompts` left-padded to the longest, into slots from `slot` -> (logits, pads)."""
         dev = self.family.device
         longest = max(len(p.token_ids) for p in prompts)
         pads = [longest - len(p.token_ids) for p in prompts]
@@ -88,25 +132,19 @@ class ModelRunner:
             span_mask=torch.stack([left_pad(p.span_mask, n, 0) for p, n in zip(prompts, pads, strict=True)]),
         )
         positions = torch.stack([left_pad(p.positions, n, 1) for p, n in zip(prompts, pads, strict=True)], 1)
-        b = self.batch
-        kv = b.kv if b is not None else SlotKV()
-        cache = self.family.cache.for_prefill(kv, b.cache if b is not None else None)
-        kv.plan_prefill(len(prompts), longest)
-        try:
-            logits = self._forward(embeds, step, positions, cache)  # positions: [D, n, L]
-        finally:
-            kv.refresh()
-        kv.add_rows(pads, [longest] * len(prompts))
-        nexts = torch.tensor([p.next_position for p in prompts], device=dev)
-        if b is None:
-            self.batch = Batch(list(seq_ids), list(seq_ids), cache, kv, nexts)
-        else:
-            b.cache = self.family.cache.join(b.cache, cache)
-            b.seq_ids += seq_ids
-            b.slot_seqs += seq_ids
-            b.positions = torch.cat([b.positions, nexts])
-            b.reorder()
-        kv.refresh()
+        kv.plan_prefill(len(prompts), longest, first=slot)
+        return self._forward(embeds, step, positions, cache), pads  # positions: [D, n, L]
+
+    def _prefill_chunked(self, prompt: Prompt, kv: SlotKV, cache: Any, slot: int) -> torch.Tensor:
+        """A long prompt alone in `slot`, PREFILL_CHUNK positions per forward -> last logits [1, vocab]."""
+        total = len(prompt.token_ids)
+        logits = None
+        for at in range(0, total, PREFILL_CHUNK):
+            end = min(at + PREFILL_CHUNK, total)
+            step = StepInputs(prompt.token_ids[None, at:end], prompt.token_ids.new_ones(1, end),
+                              prompt.image_mask[None, at:end], prompt.span_mask[None, at:end])
+            kv.plan_prefill(1, end - at, past=at, first=slot)
+            logits = self._forward(prompt.embeds[None, at:end], step, prompt.positions[:, None, at:end], cache)
         return logits
 
     @torch.inference_mode()

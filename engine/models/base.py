@@ -197,6 +197,12 @@ class ModelFamily:
         """What the backbone takes as attention_mask: one 4-D mask (or None), or one per layer type."""
         return self.causal_mask(step.mask, step.token_ids.shape[1])
 
+    def chunkable(self, prompt: Prompt) -> bool:
+        """Whether `prompt` may be prefilled in chunks (each chunk attending to the cached columns before it) with
+        the same result as in one forward: where attention is causal and no layer carries a recurrent state (whose
+        prefill kernels take a whole prompt), as the cache kind says."""
+        return self.cache.chunkable
+
     def forward_kwargs(self, step: StepInputs, embeds: torch.Tensor) -> dict[str, Any]:
         """Extra backbone inputs computed from the IDs (e.g. Gemma 4's per-layer inputs)."""
         return {}

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import ModelFamily, Prompt, StepInputs, check_float, check_names, feature_rows
 from splice.errors import FailedPrecondition, InvalidArgument
 
 
@@ -89,6 +89,10 @@ class Gemma3(ModelFamily):
                 same &= (key[None, :] > query[:, None] - self.window)[None]
             sliding.masked_fill_(same[:, None], True)
         return {"full_attention": full, "sliding_attention": sliding}
+
+    def chunkable(self, prompt: Prompt) -> bool:
+        """Not with images: each image run sees itself both ways at prefill, which a chunk boundary could cut."""
+        return not bool(prompt.image_mask.any())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden).float()

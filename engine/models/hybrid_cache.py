@@ -36,6 +36,8 @@ def _state_dicts(layer: Any) -> list[dict[int, torch.Tensor | None]]:
 class HybridCache:
     """Caches mixing key/value layers (the slots'), recurrent-state layers and placeholders."""
 
+    chunkable = False  # transformers' recurrent layers prefill a whole prompt from an empty state
+
     def __init__(self, config: Any) -> None:
         self.config = config  # the model's config: which layer holds what
 

@@ -189,6 +189,8 @@ class SlotCache(Cache):
 class SlotKVCache:
     """Row operations of a family whose cache is key/value layers only: nothing beyond the SlotKV's own."""
 
+    chunkable = True  # a long prompt may be prefilled chunk by chunk, each chunk attending to the columns before it
+
     def new(self, kv: SlotKV) -> Cache:
         return SlotCache(kv)
 
