@@ -182,12 +182,14 @@ class LLMEngine:
             return False
         self.steps += 1
         start = time.perf_counter()
-        if out.prefill:
-            self._prefill(out.prefill)
-            self._record_prefill(out.prefill, arrivals, start)
-        else:
+        if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
             self._decode()
             self.stats.decoded(len(out.decode), time.perf_counter() - start)
+        admitted = [(s, t) for s, t in zip(out.prefill, arrivals, strict=True) if not s.is_finished]
+        if admitted:  # (a failed decode fails them too)
+            start = time.perf_counter()
+            self._prefill([s for s, _ in admitted])
+            self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
         return True
 
     def _record_prefill(self, seqs: list[Sequence], arrivals: list[float | None], start: float) -> None:

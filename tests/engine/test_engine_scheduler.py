@@ -106,3 +106,19 @@ def test_sequence_stops_on_eos_stop_ids_and_length():
     lp = seq(4, logprobs=True)
     lp.append(7, -1.5)
     assert lp.logprobs == [-1.5] and lp.total_len == 5
+
+
+def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill():
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
+    a = seq(4)
+    s.add(a)
+    assert s.schedule().prefill == [a]
+    arrivals = [seq(5, f"n{i}") for i in range(3)] + [seq(30, "long")]
+    for x in arrivals:
+        s.add(x)
+    out = s.schedule()
+    assert out.decode == [a] and out.prefill == arrivals[:2]  # 2 x 5 padded positions fit in 12, 3 x 5 do not
+    out = s.schedule()
+    assert out.decode == [a, *arrivals[:2]] and out.prefill == [arrivals[2]]
+    out = s.schedule()
+    assert out.prefill == [arrivals[3]] and len(out.decode) == 4  # longer than the budget: admitted alone
