@@ -7,7 +7,7 @@ What it needs beyond the defaults, each as HF's Gemma4Model does it:
 - sliding-window layers: one mask per layer type, the sliding one limited to `sliding_window` keys;
 - KV-shared layers: the last layers reuse the keys/values of the last earlier layer of their type within the same
   forward and never write to the cache, so the cache holds only the producing layers, every one a full (not
-  sliding) key/value layer here: the padded cache's join/leave serve it unchanged, the mask does the windowing;
+  sliding) key/value layer here: the slot cache (slot_cache.py) serves it unchanged, the mask does the windowing;
 - final logit softcapping;
 - images of a variable number of soft tokens: patches padded to the processor's budget with position (-1, -1),
   pooled k x k into one row each. Text positions are plain 0..P-1 (images take no special position ids).
