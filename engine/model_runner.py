@@ -49,10 +49,22 @@ class Batch:
         self.order = None if order == list(range(len(order))) else torch.tensor(order)
 
 
+@dataclass
+class Pending:
+    """A long prompt prefilled over several steps: its slot is the one after the rows in use, and it decodes
+    only once its last chunk is in."""
+
+    seq_id: int
+    prompt: Prompt
+    slot: int
+    done: int = 0  # prompt positions cached
+
+
 class ModelRunner:
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
         self.batch: Batch | None = None
+        self.pending: Pending | None = None
 
     @property
     def seq_ids(self) -> list[int]:
@@ -95,7 +107,7 @@ class ModelRunner:
                 starts += pads
                 ends += [len(prompts[group[0]].token_ids) + pads[0]] * len(group)
             for k, i in enumerate(long):
-                logits.append(self._prefill_chunked(prompts[i], kv, cache, slot + len(group) + k))
+                logits.append(self._prefill_span(prompts[i], kv, cache, slot + len(group) + k))
                 starts.append(0)
                 ends.append(len(prompts[i].token_ids))
         finally:
@@ -135,16 +147,46 @@ class ModelRunner:
         kv.plan_prefill(len(prompts), longest, first=slot)
         return self._forward(embeds, step, positions, cache), pads  # positions: [D, n, L]
 
-    def _prefill_chunked(self, prompt: Prompt, kv: SlotKV, cache: Any, slot: int) -> torch.Tensor:
-        """A long prompt alone in `slot`, PREFILL_CHUNK positions per forward -> last logits [1, vocab]."""
-        total = len(prompt.token_ids)
+    def _prefill_span(self, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, start: int = 0,
+                      end: int | None = None) -> torch.Tensor:
+        """Prompt positions [start, end) of one prompt in `slot`, PREFILL_CHUNK per forward, each attending to the
+        columns before it -> the last forward's logits [1, vocab]."""
+        end = len(prompt.token_ids) if end is None else end
         logits = None
-        for at in range(0, total, PREFILL_CHUNK):
-            end = min(at + PREFILL_CHUNK, total)
-            step = StepInputs(prompt.token_ids[None, at:end], prompt.token_ids.new_ones(1, end),
-                              prompt.image_mask[None, at:end], prompt.span_mask[None, at:end])
-            kv.plan_prefill(1, end - at, past=at, first=slot)
-            logits = self._forward(prompt.embeds[None, at:end], step, prompt.positions[:, None, at:end], cache)
+        for at in range(start, end, PREFILL_CHUNK):
+            stop = min(at + PREFILL_CHUNK, end)
+            step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
+                              prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
+            kv.plan_prefill(1, stop - at, past=at, first=slot)
+            logits = self._forward(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
+        return logits
+
+    @torch.inference_mode()
+    def prefill_part(self, seq_id: int, prompt: Prompt | None, start: int, end: int) -> torch.Tensor | None:
+        """Prompt positions [start, end) of a long prompt (given at start 0, remembered after) while the batch
+        decodes: logits [1, vocab] once the prompt is complete and the row has joined, else None. A prompt the
+        family cannot chunk is prefilled whole at once."""
+        if start == 0:
+            assert prompt is not None
+            if end >= len(prompt.token_ids) or not self.family.chunkable(prompt) or self.batch is None:
+                return self.prefill([seq_id], [prompt])
+            self.pending = Pending(seq_id, prompt, self.batch.kv.rows)
+        p, b = self.pending, self.batch
+        assert p is not None and b is not None and p.seq_id == seq_id and p.done == start
+        try:
+            logits = self._prefill_span(p.prompt, b.kv, b.cache, p.slot, start, end)
+        finally:
+            b.kv.refresh()
+        p.done = end
+        if end < len(p.prompt.token_ids):
+            return None
+        self.pending = None
+        b.kv.add_rows([0], [end])
+        b.seq_ids.append(seq_id)
+        b.slot_seqs.append(seq_id)
+        b.positions = torch.cat([b.positions, b.positions.new_tensor([p.prompt.next_position])])
+        b.reorder()
+        b.kv.refresh()
         return logits
 
     @torch.inference_mode()
@@ -169,11 +211,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:
-        """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks."""
+        """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks (a long prompt
+        still being prefilled keeps the slot after the rows in use)."""
+        if self.pending is not None and self.pending.seq_id in seq_ids:
+            self.pending = None
         b = self.batch
         if b is None or not seq_ids & set(b.seq_ids):
             return
-        if not set(b.seq_ids) - seq_ids:
+        if not set(b.seq_ids) - seq_ids and self.pending is None:
             self.batch = None  # the buffers go with the batch
             return
         for seq in seq_ids & set(b.seq_ids):
@@ -185,6 +230,10 @@ class ModelRunner:
                 b.slot_seqs[slot] = b.slot_seqs[last]
             b.slot_seqs.pop()
             b.kv.pop()
+        p = self.pending
+        if p is not None and p.slot != b.kv.rows:
+            b.kv.copy_columns(p.slot, b.kv.rows, p.done)
+            p.slot = b.kv.rows
         self.family.cache.truncate(b.cache, len(b.slot_seqs))
         b.positions = b.positions[:len(b.slot_seqs)]
         b.seq_ids = [s for s in b.seq_ids if s not in seq_ids]

@@ -94,9 +94,13 @@ class SlotKV:
 
     def move(self, src: int, dst: int) -> None:
         """Slot `src`'s row into slot `dst` (only its columns are copied)."""
-        for layer in self.layers.values():
-            layer.copy_row(src, dst, self.end[src])
+        self.copy_columns(src, dst, self.end[src])
         self.start[dst], self.end[dst] = self.start[src], self.end[src]
+
+    def copy_columns(self, src: int, dst: int, width: int) -> None:
+        """Columns [0, width) of slot `src` into slot `dst`, in every layer (a row not in the table yet, too)."""
+        for layer in self.layers.values():
+            layer.copy_row(src, dst, width)
 
     def pop(self) -> None:
         """Frees the last slot."""

@@ -120,5 +120,15 @@ def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill
     assert out.decode == [a] and out.prefill == arrivals[:2]  # 2 x 5 padded positions fit in 12, 3 x 5 do not
     out = s.schedule()
     assert out.decode == [a, *arrivals[:2]] and out.prefill == [arrivals[2]]
+    out = s.schedule()  # longer than the budget: admitted alone, prefilled 12 positions per step
+    assert not out.prefill and out.chunk.seq is arrivals[3] and (out.chunk.start, out.chunk.end) == (0, 12)
+    assert len(out.decode) == 4 and arrivals[3].status is SeqStatus.RUNNING
+    s.add(late := seq(2, "late"))
+    s.chunk_done(arrivals[3], 12)
+    out = s.schedule()  # nothing else is admitted meanwhile
+    assert not out.prefill and (out.chunk.start, out.chunk.end) == (12, 24) and len(out.decode) == 4
+    s.chunk_done(arrivals[3], 24)
+    assert (s.schedule().chunk.start, s.schedule().chunk.end) == (24, 30)
+    s.chunk_done(arrivals[3], 30)
     out = s.schedule()
-    assert out.prefill == [arrivals[3]] and len(out.decode) == 4  # longer than the budget: admitted alone
+    assert out.chunk is None and out.prefill == [late] and arrivals[3] in out.decode
