@@ -26,7 +26,7 @@ from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner
 from engine.models import Prompt
 from engine.sampler import make_generator, sample
-from engine.scheduler import Scheduler
+from engine.scheduler import PrefillChunk, Scheduler
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
@@ -102,7 +102,7 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.runner.batch = None
+        self.runner.clear()
         if self.ranks is not None:
             self.ranks.stop()
             self.ranks = None
@@ -185,19 +185,44 @@ class LLMEngine:
             out = self.scheduler.schedule()
             self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
             # read now: a sequence that finishes in its prefill may lose its listener before the step ends
-            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None for s in out.prefill]
+            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None
+                        for s in [*out.prefill, *([out.chunk.seq] if out.chunk else [])]]
         self.runner.remove({s.seq_id for s in aborted})
         if out.is_empty:
             return False
         self.steps += 1
         start = time.perf_counter()
-        if out.prefill:
-            self._prefill(out.prefill)
-            self._record_prefill(out.prefill, arrivals, start)
-        else:
+        if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
             self._decode()
             self.stats.decoded(len(out.decode), time.perf_counter() - start)
+        if out.chunk is not None and not out.chunk.seq.is_finished:
+            self._prefill_chunk(out.chunk, arrivals[-1])
+        admitted = [(s, t) for s, t in zip(out.prefill, arrivals, strict=False) if not s.is_finished]
+        if admitted:  # (a failed decode fails them too)
+            start = time.perf_counter()
+            self._prefill([s for s, _ in admitted])
+            self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
         return True
+
+    def _prefill_chunk(self, chunk: PrefillChunk, arrival: float | None) -> None:
+        """The next part of a long prompt's prefill; its first token comes out with the last part."""
+        seq = chunk.seq
+        start = time.perf_counter()
+        try:
+            prompt = self.family.prompt(seq.payload) if chunk.start == 0 else None
+            logits = self.runner.prefill_part(seq.seq_id, prompt, chunk.start, chunk.end)
+        except Exception as exc:
+            log.exception("request %s: prefill failed", seq.request_id)
+            self._fail([seq], exc)
+            return
+        with self._lock:
+            self.scheduler.chunk_done(seq, chunk.end if logits is None else seq.prompt_len)
+        if logits is None:
+            return
+        self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
+        seq.payload = None
+        self._postprocess([seq], logits)
+        self._record_prefill([seq], [arrival], start)
 
     def _record_prefill(self, seqs: list[Sequence], arrivals: list[float | None], start: float) -> None:
         now = time.perf_counter()
@@ -308,4 +333,4 @@ class LLMEngine:
         with self._lock:
             seqs = list(self.scheduler.running)
         self._fail(seqs, exc)
-        self.runner.batch = None
+        self.runner.clear()
