@@ -31,27 +31,33 @@ def _requests(case: FamilyCase, model_dir) -> list:
 
     hidden = AutoConfig.from_pretrained(model_dir).get_text_config().hidden_size
     rows = torch.randn(3, hidden, generator=torch.Generator().manual_seed(5)) * 0.05
-    text = text_request(random_ids(12, seed=3), "text", max_tokens=10, logprobs=True)
+    text = text_request(random_ids(12, seed=3), "text", max_tokens=30, logprobs=True)
     if not case.images:
-        return [text, with_embed_span(random_ids(10, seed=4), {}, 4, rows, max_tokens=10,
-                                      logprobs=True)]
+        # and a prompt long enough to be prefilled in parts while the others decode (every rank, every part)
+        return [text, with_embed_span(random_ids(10, seed=4), {}, 4, rows, max_tokens=10, logprobs=True),
+                text_request(random_ids(1300, seed=6), "long", max_tokens=6, logprobs=True)]
     ids, tensors = case.inputs(model_dir)
     mixed = with_embed_span(ids, tensors, 2, rows, max_tokens=10, logprobs=True)
     return [text, mixed]
 
 
 async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float]]]:
+    """All at once, except a long last request (tiny-text's), which arrives once the others stream."""
     client = EngineClient(address)
+    streaming = asyncio.Event()
 
-    async def one(req):
+    async def one(req, late: bool):
+        if late:
+            await streaming.wait()
         toks, lps = [], []
         async for out in client.generate(req):
+            streaming.set()
             toks += out.token_ids
             lps += list(out.logprobs or [])
         return toks, lps
 
     try:
-        return await asyncio.gather(*(one(r) for r in reqs))
+        return await asyncio.gather(*(one(r, r.request_id == "long") for r in reqs))
     finally:
         await client.close()
 
