@@ -17,15 +17,18 @@ from clients.requests import (
     upload_parts,
 )
 from clients.types import Chunk, Tokenized
-from splice.grpc_options import CLIENT_OPTIONS
+from splice.grpc_options import replica_options
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 # Prompt embeddings and images make requests larger than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 512 << 20  # as the preprocessor accepts
+# A target may name several preprocessors (`dns:///splice:50051`, `ipv4:h1:p,h2:p`): calls go round robin,
+# and one refused UNAVAILABLE (a draining replica) before any answer is retried on another.
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *CLIENT_OPTIONS]
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   *replica_options(preprocessor_pb2.DESCRIPTOR.services_by_name["Preprocessor"].full_name)]
 
 
 class SpliceClient:

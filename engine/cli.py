@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: the checkpoint's dtype on cuda, float32 on cpu")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the config's max_position_embeddings")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="ranks that each hold a shard of the model (transformers' tensor-parallel plan; gloo "
+                             "on CPU, NCCL on GPU: one GPU per rank)")
     parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="positions one forward may process; default max(8192, max model len)")
@@ -41,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help="require 'authorization: Bearer KEY' from callers, i.e. preprocessors "
                              "(default: $SPLICE_ENGINE_API_KEY); health stays open")
+    parser.add_argument("--max-connection-age", type=float, default=300.0,
+                        help="seconds after which each client connection is closed once its streams end, so "
+                             "preprocessors re-resolve a dns:/// target and find new replicas (0: never)")
     parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
                         help="on SIGTERM: seconds running streams get to finish (health NOT_SERVING and new calls "
                              "UNAVAILABLE meanwhile)")
@@ -60,9 +66,11 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
                        max_queue=args.max_queue, model_name=args.model,
                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
-                       upload_idle_timeout=args.upload_idle_timeout)
+                       upload_idle_timeout=args.upload_idle_timeout,
+                       tensor_parallel_size=args.tensor_parallel_size)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
-                          api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None)
+                          api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
+                          max_connection_age=args.max_connection_age)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

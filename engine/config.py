@@ -26,6 +26,8 @@ class EngineConfig:
     # seconds a Generate stream may go without sending its next part while uploading; then it fails
     # DEADLINE_EXCEEDED and releases its share of the budget above (idle uploads cannot starve the others)
     upload_idle_timeout: float = 30.0
+    # ranks holding a shard of the model each (transformers' tensor-parallel plan on torch.distributed)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -44,6 +46,8 @@ class EngineConfig:
             raise ValueError(f"max_inflight_tensor_bytes must be >= 1, got {self.max_inflight_tensor_bytes}")
         if self.upload_idle_timeout <= 0:
             raise ValueError(f"upload_idle_timeout must be > 0, got {self.upload_idle_timeout}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

@@ -28,6 +28,7 @@ from engine.models import Prompt
 from engine.sampler import make_generator, sample
 from engine.scheduler import PrefillChunk, Scheduler
 from engine.sequence import Sequence
+from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
@@ -55,8 +56,13 @@ class _Listener:
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.cfg = cfg
+        # Tensor parallelism: the other ranks start and join first, then every rank loads its shard.
+        self.ranks = Ranks(cfg.tensor_parallel_size, cfg) if cfg.tensor_parallel_size > 1 else None
         self.m = loaded if loaded is not None else load(cfg)
         self.runner = ModelRunner(self.m.family)
+        self.family = self.m.family  # its prompt() is a model call: the runner's and its run on every rank
+        if self.ranks is not None:
+            self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue)
         self._lock = threading.Lock()  # guards the scheduler and the sequence tables
@@ -96,7 +102,10 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.runner.batch = None
+        self.runner.clear()
+        if self.ranks is not None:
+            self.ranks.stop()
+            self.ranks = None
         with self._lock:
             for seq in list(self._seqs.values()):
                 self.scheduler.finish(seq, FinishReason.ERROR, Unavailable("engine stopped"))
@@ -200,7 +209,7 @@ class LLMEngine:
         seq = chunk.seq
         start = time.perf_counter()
         try:
-            prompt = self.m.family.prompt(seq.payload) if chunk.start == 0 else None
+            prompt = self.family.prompt(seq.payload) if chunk.start == 0 else None
             logits = self.runner.prefill_part(seq.seq_id, prompt, chunk.start, chunk.end)
         except Exception as exc:
             log.exception("request %s: prefill failed", seq.request_id)
@@ -226,7 +235,7 @@ class LLMEngine:
         prompts: list[Prompt] = []
         for seq in seqs:
             try:
-                prompts.append(self.m.family.prompt(seq.payload))  # merged: text, image features, supplied rows
+                prompts.append(self.family.prompt(seq.payload))  # merged: text, image features, supplied rows
                 ready.append(seq)
             except Exception as exc:  # this request's vision/merge failed; the others go on
                 log.exception("request %s: embedding failed", seq.request_id)
@@ -324,4 +333,4 @@ class LLMEngine:
         with self._lock:
             seqs = list(self.scheduler.running)
         self._fail(seqs, exc)
-        self.runner.batch = None
+        self.runner.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,7 @@ def _eos_ids(path: str, text_config) -> tuple[int, ...]:
 
 def load(cfg: EngineConfig) -> LoadedModel:
     import transformers
+    from transformers import DistributedConfig
 
     path = cfg.model
     if not (Path(path) / "config.json").exists():
@@ -82,9 +84,14 @@ def load(cfg: EngineConfig) -> LoadedModel:
     family_cls = family_for(config)
     arch = (config.architectures or [family_cls.name])[0]
     device = pick_device(cfg.device)
+    pretrained = {}
+    if cfg.tensor_parallel_size > 1:  # this process is one rank (engine/tensor_parallel.py)
+        pretrained["distributed_config"] = DistributedConfig(tp_size=cfg.tensor_parallel_size, tp_plan="auto")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     dtype = pick_dtype(cfg.dtype, config, device)
     log.info("loading %s (%s, family %s) on %s as %s", path, arch, family_cls.name, device, dtype)
-    model = family_cls.load_model(path, config, dtype).to(device).eval()
+    model = family_cls.load_model(path, config, dtype, **pretrained).to(device).eval()
     family = family_cls(model, device, dtype)
     embed = family.embed
     text_config = config.get_text_config()

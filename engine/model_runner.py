@@ -70,6 +70,11 @@ class ModelRunner:
     def seq_ids(self) -> list[int]:
         return list(self.batch.seq_ids) if self.batch else []
 
+    def clear(self) -> None:
+        """Drops every row and any prompt being prefilled over several steps (their caches freed)."""
+        self.batch = None
+        self.pending = None
+
     def _forward(self, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """embeds [rows, q, hidden], positions [D, rows, q] -> last-position logits [rows, vocab]."""
         f = self.family

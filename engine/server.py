@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -16,7 +17,7 @@ from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
 from splice.drain import DEFAULT_GRACE, DrainInterceptor
 from splice.grpc_errors import ErrorInterceptor
-from splice.grpc_options import SERVER_OPTIONS, bind
+from splice.grpc_options import SERVER_OPTIONS, bind, max_connection_age_options
 from splice.metrics_interceptor import MetricsInterceptor
 from splice.security import ServerTLS, TokenInterceptor
 from splice.v1 import engine_pb2, engine_pb2_grpc
@@ -29,8 +30,11 @@ class EngineServer:
     """Binds first (health answers NOT_SERVING while the model loads), then loads, warms up, serves."""
 
     def __init__(self, cfg: EngineConfig, host: str = "127.0.0.1", port: int = 0,
-                 engine: LLMEngine | None = None, tls: ServerTLS | None = None, api_key: str | None = None) -> None:
-        """`tls`: serve TLS (mTLS with its CA); `api_key`: the key preprocessors must present."""
+                 engine: LLMEngine | None = None, tls: ServerTLS | None = None, api_key: str | None = None,
+                 max_connection_age: float | None = None) -> None:
+        """`tls`: serve TLS (mTLS with its CA); `api_key`: the key preprocessors must present;
+        `max_connection_age`: seconds after which a connection is closed (its streams finish), so that clients
+        re-resolve their target and find replicas started since."""
         self.cfg = cfg
         self.host = host
         self.engine = engine
@@ -38,7 +42,7 @@ class EngineServer:
         interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(api_key)] if api_key else []),
                         self._drain]
         self.server = grpc.aio.server(interceptors=interceptors,
-                                      options=SERVER_OPTIONS)
+                                      options=SERVER_OPTIONS + max_connection_age_options(max_connection_age))
         # engine attached once warm
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
                                        upload_idle_timeout=cfg.upload_idle_timeout)
@@ -49,6 +53,7 @@ class EngineServer:
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server)
         self.port = bind(self.server, host, port, tls.credentials() if tls else None)
+        self.servicer.replica = f"{self.address} on {socket.gethostname()}"
 
     @property
     def address(self) -> str:

@@ -2,6 +2,8 @@
 
 Errors are raised as SpliceError and mapped to status codes by splice.grpc_errors.ErrorInterceptor.
 A cancelled call cancels this handler's task; leaving `engine.generate` aborts the sequence.
+Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
+preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import grpc
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
 from splice.engine_wire import RequestAssembler
-from splice.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 
@@ -22,10 +25,31 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     """`engine` may be set after the server starts; until then calls get UNAVAILABLE (health says so too)."""
 
     def __init__(self, engine: LLMEngine | None = None, budget: ByteBudget | None = None,
-                 upload_idle_timeout: float = 30.0) -> None:
+                 upload_idle_timeout: float = 30.0, replica: str = "engine") -> None:
         self.engine = engine
         self.budget = budget or ByteBudget(4 << 30)
         self.upload_idle_timeout = upload_idle_timeout
+        self.replica = replica  # how this replica names itself in errors (address and host)
+        self._rate = CallRate()
+        self._in_flight = 0
+
+    def _load_report(self) -> bytes:
+        """Generate calls in flight (uploading, waiting or running, this one included) per running slot: 1.0 =
+        every slot busy, more = a queue."""
+        engine = self.engine
+        if engine is None:
+            return encode_load_report(1.0, 0.0)
+        busy = self._in_flight / engine.cfg.max_running_seqs
+        return encode_load_report(max(busy, MIN_UTILIZATION), self._rate.per_second())
+
+    def _model_refusal(self, fingerprint: str, engine: LLMEngine) -> FailedPrecondition | None:
+        info = engine.info
+        if not fingerprint or fingerprint == info.fingerprint:
+            return None
+        return FailedPrecondition(
+                f"engine replica {self.replica} serves {info.model!r} (model fingerprint {info.fingerprint}), "
+                f"but the request was validated against model fingerprint {fingerprint}: the replicas behind "
+                "this target serve different models")
 
     async def _next(self, parts: AsyncIterator[engine_pb2.GenerateRequestPart], received: int,
                     ) -> engine_pb2.GenerateRequestPart | None:
@@ -45,12 +69,31 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
         engine = self._ready()
+        self._in_flight += 1
+        try:
+            async for out in self._generate(engine, request_iterator):
+                yield out
+        finally:
+            context.set_trailing_metadata(((TRAILER, self._load_report()),))
+            self._in_flight -= 1
+            self._rate.finished()
+
+    async def _generate(self, engine: LLMEngine, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
+                        ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         assembler = RequestAssembler(self.budget.limit)  # the budget is the cap: no other ceiling
         parts = aiter(request_iterator)
         first = await self._next(parts, 0)
         if first is None:
             raise InvalidArgument("Generate stream is empty; a header comes first")
         assembler.feed(first)  # the header: declared sizes are capped by the budget before any tensor byte arrives
+        refusal = self._model_refusal(first.header.model_fingerprint, engine)
+        if refusal is not None:
+            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
+            # send failure (INTERNAL) instead of this status.
+            received = 1
+            while await self._next(parts, received) is not None:
+                received += 1
+            raise refusal
         # The call holds its tensor bytes as they arrive (the buffers are committed as written), each chunk
         # before it is written: a silent stream holds nothing, so it cannot keep others out for free.
         held = 0

@@ -14,11 +14,13 @@ from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
 from splice.engine_wire import encode_request
 from splice.errors import SpliceError, Unavailable
-from splice.grpc_options import CLIENT_OPTIONS
+from splice.grpc_options import replica_options
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
 from splice.tensor_chunks import paced
-from splice.v1 import common_pb2, engine_pb2_grpc
+from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+ENGINE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
 class EngineError(SpliceError):
@@ -38,10 +40,13 @@ def map_rpc_error(exc: grpc.aio.AioRpcError, target: str) -> SpliceError:
 
 class EngineClient:
     def __init__(self, target: str, tls: ClientTLS | None = None, api_key: str | None = None) -> None:
-        """`tls`: reach the engine over TLS (with a client certificate for mTLS); `api_key`: the engine's key."""
+        """`target`: any gRPC target, one engine (`host:port`) or replicas (`dns:///engine:50061`,
+        `ipv4:h1:p,h2:p`) balanced by their reported load; `tls`: reach the engine over TLS (with a client
+        certificate for mTLS); `api_key`: the engine's key."""
         self.target = target
         # Tensor chunks keep each message small; responses are small too, so default limits suffice.
-        self._channel = channel(target, tls, CLIENT_OPTIONS, aio=True)
+        options = replica_options(ENGINE_SERVICE, weighted=True, health_check=True)
+        self._channel = channel(target, tls, options, aio=True)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._metadata = bearer(api_key)
 

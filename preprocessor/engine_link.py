@@ -4,6 +4,11 @@ A watcher polls the engine's ModelInfo, so the preprocessor waits for an engine 
 stops serving while it is gone, and serves again (reloading the model files if the model changed) once
 it is back. Every front (gRPC today) asks the link for the core of each request; `on_serving` tells the
 server when readiness changes, so it can flip its health status.
+
+The target may be several replicas, and each poll may reach another one. The link moves to another model
+only when SWITCH_POLLS polls in a row report it (the whole fleet changed); a lone replica serving another model
+does not flip the link back and forth: it refuses the requests it gets (their model fingerprint differs)
+and names itself.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from splice.service_main import Resolve
 log = logging.getLogger(__name__)
 
 OnServing = Callable[[bool], Awaitable[None]]
+SWITCH_POLLS = 3
 
 
 class EngineLink:
@@ -51,6 +57,7 @@ class EngineLink:
         self._on_serving: OnServing | None = None
         self.serving = False
         self.ready = asyncio.Event()  # set once a core can serve (the first time)
+        self._other: tuple[ModelInfo, int] | None = None  # another model seen, and in how many polls in a row
 
     @property
     def target(self) -> str:
@@ -95,7 +102,7 @@ class EngineLink:
         while True:
             try:
                 info = await self._client.get_model_info()
-                if self._core is None or self._core.info != info:
+                if self._switch_to(info):
                     files = await asyncio.to_thread(self._load, info)
                     self._core = PreprocessorCore(files, info, self._client, self._limits, self._sandbox)
                     log.info("serving %s (engine %s)", info.model, self._client.target)
@@ -109,6 +116,23 @@ class EngineLink:
                 else:
                     log.info("waiting for the engine: %s", message)
             await asyncio.sleep(self._poll)
+
+    def _switch_to(self, info: ModelInfo) -> bool:
+        """Whether the core must be rebuilt for `info` (the first model, or another one SWITCH_POLLS times)."""
+        if self._core is None:
+            return True
+        if self._core.info == info:
+            self._other = None
+            return False
+        seen = self._other[1] + 1 if self._other is not None and self._other[0] == info else 1
+        self._other = (info, seen)
+        if seen < SWITCH_POLLS:
+            log.warning("an engine replica at %s serves %s (fingerprint %s), not %s (%s); its requests are refused "
+                        "unless every poll sees it", self.target, info.model, info.fingerprint, self._core.info.model,
+                        self._core.info.fingerprint)
+            return False
+        self._other = None
+        return True
 
     def _load(self, info: ModelInfo) -> ModelFiles:
         source = self._model or info.model

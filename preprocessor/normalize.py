@@ -214,6 +214,7 @@ def _finish(ids: list[int], spans: list[Span], rows: list[torch.Tensor],
         embed_spans=[EmbedSpan(s.offset, s.length, s.part) for s in sorted(spans, key=lambda s: s.offset)],
         tensors=tensors,
         sampling=sampling,
+        model_fingerprint=info.fingerprint,
     )
     # The engine's own rules, so that what passes here passes there; the rows' values were checked per part.
     check_request(request, info, "prompt")

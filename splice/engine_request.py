@@ -31,6 +31,7 @@ class EngineRequest:
     embed_spans: list[EmbedSpan] = field(default_factory=list)
     tensors: list[NamedTensor] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    model_fingerprint: str = ""  # ModelInfo.fingerprint the request was validated against ("" = unchecked)
 
     @property
     def prompt_len(self) -> int:

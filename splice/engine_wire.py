@@ -29,6 +29,7 @@ def encode_request(req: EngineRequest, chunk_bytes: int | None = None) -> Iterat
         tensors=[engine_pb2.TensorMeta(name=t.name, dtype=dtype_name(t.tensor.dtype), shape=list(t.tensor.shape))
                  for t in req.tensors],
         sampling=req.sampling.to_pb(),
+        model_fingerprint=req.model_fingerprint,
     )
     yield engine_pb2.GenerateRequestPart(header=header)
     for chunk in tensor_chunks([t.tensor for t in req.tensors], chunk_bytes):
@@ -90,4 +91,5 @@ class RequestAssembler:
             embed_spans=[EmbedSpan(s.offset, s.length, s.tensor_index) for s in header.embed_spans],
             tensors=tensors,
             sampling=SamplingParams.from_pb(header.sampling),
+            model_fingerprint=header.model_fingerprint,
         )

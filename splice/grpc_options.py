@@ -6,6 +6,8 @@ a partitioned host) in seconds, as UNAVAILABLE, instead of waiting for a deadlin
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from splice.errors import FailedPrecondition
@@ -19,9 +21,11 @@ CLIENT_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC waits this long (default 60 s) for a ping ack
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),  # keep pinging during a long silent prefill
-    # a restarted peer is found within seconds: gRPC's default backoff grows to two minutes
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 5_000),
+    # a restarted peer (or replica) is reconnected within ~0.3 s: gRPC's defaults take 2-5 s and the backoff
+    # grows to two minutes
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
 # Servers must accept those pings, or they answer with GOAWAY (too_many_pings) and drop the connection.
@@ -48,3 +52,50 @@ def bind(server: grpc.aio.Server, host: str, port: int, credentials: grpc.Server
     if bound == 0:
         raise FailedPrecondition(f"cannot listen on {host}:{port}: the address is in use or not available")
     return bound
+
+
+# --- replicas -------------------------------------------------------------------------------------------
+# A target may name several replicas (`dns:///engine:50061`, `ipv4:10.0.0.1:50061,10.0.0.2:50061`); gRPC's own
+# resolver, load balancer, health checking and retries spread and fail over the calls.
+
+def service_config(service: str, weighted: bool, health_check: bool) -> str:
+    """The channel's service config for calls to `service` on any number of replicas.
+
+    - weighted round robin (`weighted`) follows the ORCA load each replica reports in its trailers
+      (splice/load_report.py); plain round robin otherwise. A replica that reports nothing yet gets the
+      mean weight, so both spread evenly until load differs.
+    - health checking (`health_check`): a replica whose grpc.health.v1 status for `service` is not SERVING
+      (loading, warming, draining) gets no calls. Without it such a replica answers UNAVAILABLE itself, with
+      its own reason, and the call is retried on another one.
+    - a call that fails UNAVAILABLE before the server answered anything (its first message) is retried on
+      another replica; once a token streamed it is committed, and fails as it is.
+    """
+    policy = ({"weighted_round_robin": {"blackoutPeriod": "1s", "weightUpdatePeriod": "0.5s",
+                                        "weightExpirationPeriod": "60s"}} if weighted else {"round_robin": {}})
+    config: dict = {
+        "loadBalancingConfig": [policy],
+        "methodConfig": [{
+            "name": [{"service": service}],
+            "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s", "maxBackoff": "0.5s",
+                            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+        }],
+    }
+    if health_check:
+        config["healthCheckConfig"] = {"serviceName": service}
+    return json.dumps(config)
+
+
+def replica_options(service: str, weighted: bool = False, health_check: bool = False,
+                    ) -> list[tuple[str, int | str]]:
+    """CLIENT_OPTIONS for a channel whose target may resolve to several replicas of `service`."""
+    return [*CLIENT_OPTIONS, ("grpc.service_config", service_config(service, weighted, health_check)),
+            ("grpc.enable_retries", 1)]
+
+
+def max_connection_age_options(seconds: float | None) -> list[tuple[str, int]]:
+    """Server options that close each connection after `seconds` (streams in flight finish first): DNS is
+    re-resolved only when a connection is lost, so this is how clients find replicas added since."""
+    if not seconds:
+        return []
+    return [("grpc.max_connection_age_ms", int(seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", 2**31 - 1)]  # never cut a running stream

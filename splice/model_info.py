@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from splice.v1 import common_pb2
@@ -29,6 +30,14 @@ class ModelInfo:
     @property
     def accepts_images(self) -> bool:
         return IMAGE in self.input_kinds
+
+    @property
+    def fingerprint(self) -> str:
+        """What a request validated against this model depends on. Every request carries it, so an engine
+        replica serving another model refuses the request instead of serving it wrong."""
+        facts = (self.architecture, self.vocab_rows, self.hidden_size, self.dtype, self.max_model_len,
+                 self.image_token_id, self.input_kinds)
+        return hashlib.sha256(repr(facts).encode()).hexdigest()[:16]
 
     @classmethod
     def from_pb(cls, pb: common_pb2.ModelInfo) -> ModelInfo:

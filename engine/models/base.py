@@ -108,15 +108,16 @@ class ModelFamily:
     # --- loading -------------------------------------------------------------------------------------
 
     @classmethod
-    def load_model(cls, path: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
-        """The HF model named by config.architectures; sdpa takes the 4-D masks the family builds."""
+    def load_model(cls, path: str, config: Any, dtype: torch.dtype, **pretrained: Any) -> torch.nn.Module:
+        """The HF model named by config.architectures; sdpa takes the 4-D masks the family builds. `pretrained`:
+        more from_pretrained arguments (tp_plan)."""
         import transformers
 
         arch = (config.architectures or [None])[0]
         model_cls = getattr(transformers, arch, None) if arch else None
         if model_cls is None:
             raise FailedPrecondition(f"{path}: architecture {arch!r} is not a transformers class")
-        return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **pretrained)
 
     @staticmethod
     def text_parts(model: torch.nn.Module) -> tuple[Any, Any, Any]:

@@ -68,13 +68,13 @@ class NemotronH(ModelFamily):
             self.images = NemotronOmniImages.from_config(self.config)
 
     @classmethod
-    def load_model(cls, path: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    def load_model(cls, path: str, config: Any, dtype: torch.dtype, **pretrained: Any) -> torch.nn.Module:
         """By model_type: released Omni checkpoints name a remote-code class in `architectures`."""
         import transformers
 
         model_cls = (transformers.NemotronH_Omni_Reasoning_V3 if config.model_type == "nemotron_h_omni"
                      else transformers.NemotronHForCausalLM)
-        return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        return model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **pretrained)
 
     @staticmethod
     def text_parts(model: torch.nn.Module) -> tuple[Any, Any, Any]:

@@ -18,18 +18,20 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateHeader(_message.Message):
-    __slots__ = ("request_id", "token_ids", "embed_spans", "tensors", "sampling")
+    __slots__ = ("request_id", "token_ids", "embed_spans", "tensors", "sampling", "model_fingerprint")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBED_SPANS_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embed_spans: _containers.RepeatedCompositeFieldContainer[_common_pb2.EmbedSpan]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., embed_spans: _Optional[_Iterable[_Union[_common_pb2.EmbedSpan, _Mapping]]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    model_fingerprint: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., embed_spans: _Optional[_Iterable[_Union[_common_pb2.EmbedSpan, _Mapping]]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
 
 class GenerateRequestPart(_message.Message):
     __slots__ = ("header", "chunk")

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -30,9 +31,10 @@ def _expand(value: str) -> str:
     return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1), m.group(2)), value)
 
 
-def _localize(argv: list[str], ports: dict[str, int], hosts: dict[str, str]) -> list[str]:
+def _localize(argv: list[str], ports: dict[str, int], hosts: dict[str, list[str]]) -> list[str]:
     """Container addresses -> loopback: 0.0.0.0 binds 127.0.0.1, container ports become free local ports,
-    `service:port` becomes that service's local address."""
+    `service:port` becomes that service's local address, and `dns:///service:port` (every replica of it) a
+    gRPC target listing each replica's local address."""
     out = []
     for arg in argv:
         arg = _expand(arg)
@@ -40,46 +42,64 @@ def _localize(argv: list[str], ports: dict[str, int], hosts: dict[str, str]) -> 
             arg = "127.0.0.1"
         elif arg in ports:
             arg = str(ports[arg])
+        elif match := re.fullmatch(r"dns:///([\w.-]+):(\d+)", arg):
+            arg = "ipv4:" + ",".join(hosts[match.group(1)])
         elif match := re.fullmatch(r"([\w.-]+):(\d+)", arg):
             host, port = match.groups()
-            arg = hosts[host] if host in hosts else f"{host}:{ports.get(port, port)}"
+            arg = hosts[host][0] if host in hosts else f"{host}:{ports.get(port, port)}"
         out.append(arg)
     return out
 
 
+def _healthy(service_def: dict, ports: dict[str, int], hosts: dict[str, list[str]]) -> None:
+    """The container's own healthcheck command, pointed at the local port, passes."""
+    check = _localize(service_def["healthcheck"]["test"][1:], ports, hosts)
+    check = [sys.executable if c == "python" else c for c in check]
+    for _ in range(120):
+        if subprocess.run(check, capture_output=True, timeout=30).returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"healthcheck {check} never passed")
+
+
+def _finished(metrics_address: str) -> float:
+    body = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(r"^splice_engine_requests_finished_total\{[^}]*\} (\S+)$", body, re.M))
+
+
 def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
+    """Every engine replica and the preprocessor, as compose starts them; the preprocessor's calls reach both."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert {"engine", "preprocessor"} <= set(services)
     assert services["preprocessor"]["depends_on"]["engine"]["condition"] == "service_healthy"
     assert services["engine-gpu"]["profiles"] == ["gpu"]
+    replicas = int(_expand(str(services["engine"]["deploy"]["replicas"])))
+    assert replicas >= 2
 
     env = {k: str(v) for k, v in services["engine"]["environment"].items()}
     env["SPLICE_CACHE"] = os.environ["SPLICE_CACHE"]  # the container's /cache volume, here the test cache
-    # gRPC and Prometheus ports alike
-    ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port()}
     started = []
     try:
-        hosts: dict[str, str] = {}
-        for name in ("engine", "preprocessor"):
-            argv = _localize(services[name]["command"], ports, hosts)
-            assert argv[0] == "splice" and argv[1] == name
-            service = start(name, argv[2:], env=env)
-            started.append(service)
-            hosts[name] = service.address
-            assert any(line.startswith(f"{name} metrics on 127.0.0.1:") for line in service.output)
-            # the container's own healthcheck command, pointed at the local port
-            check = _localize(services[name]["healthcheck"]["test"][1:], ports, hosts)
-            check = [sys.executable if c == "python" else c for c in check]
-            for _ in range(120):
-                if subprocess.run(check, capture_output=True, timeout=30).returncode == 0:
-                    break
-                time.sleep(0.5)
-            else:
-                raise AssertionError(f"{name} healthcheck {check} never passed")
-        with SpliceClient(hosts["preprocessor"], timeout=60) as client:
-            chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
-        assert chunks[-1].finish_reason in ("stop", "length")
+        hosts: dict[str, list[str]] = {}
+        metrics: dict[str, list[str]] = {}
+        for name, count in (("engine", replicas), ("preprocessor", 1)):
+            for _ in range(count):  # each replica is a container of its own: its own ports here
+                ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port()}
+                argv = _localize(services[name]["command"], ports, hosts)
+                assert argv[0] == "splice" and argv[1] == name
+                service = start(name, argv[2:], env=env)
+                started.append(service)
+                line = next(x for x in service.output if x.startswith(f"{name} metrics on 127.0.0.1:"))
+                metrics.setdefault(name, []).append(line.rsplit(" ", 1)[1])
+                _healthy(services[name], ports, {**hosts, name: [service.address]})
+                hosts.setdefault(name, []).append(service.address)
+        with SpliceClient(hosts["preprocessor"][0], timeout=60) as client:
+            for _ in range(2 * replicas):
+                chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
+                assert chunks[-1].finish_reason in ("stop", "length")
+        served = [_finished(address) for address in metrics["engine"]]
+        assert all(n > 0 for n in served), f"requests per engine replica: {served}"
     finally:
         for service in reversed(started):
             service.stop()
