@@ -5,10 +5,10 @@ steady state before anyone arrives (the baseline), in one run.
 
 The running streams have 16-64 token prompts; the arrivals have PROMPT-token prompts and come one every 5 ms.
 Intervals are between consecutive tokens of one running stream, as its consumer on the event loop sees them.
-Steady: the intervals of the 30 steps before the first arrival; under arrivals: from the first arrival until
-every arrival has its first token. Both p99s come from the same repeat, so the ratio is taken per repeat and
-printed as median [min..max] over repeats (not a ratio of medians that pairs one repeat's load with another's
-steady state).
+Steady: the intervals of the 30 steps before the first arrival; under arrivals: every interval overlapping the
+span from the first arrival until every arrival has its first token. Both p99s come from the same repeat, so
+the ratio is taken per repeat and printed as median [min..max] over repeats (not a ratio of medians that pairs
+one repeat's load with another's steady state).
 """
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> 
     await asyncio.gather(*tasks)
     steady, loaded = [], []
     for s in stamps:
-        gaps = [(b - a, b) for a, b in itertools.pairwise(s)]
-        before = [d for d, t in gaps if t < start][-30:]
-        steady += before
-        loaded += [d for d, t in gaps if start <= t <= end]
+        gaps = list(itertools.pairwise(s))
+        steady += [b - a for a, b in gaps if b < start][-30:]
+        # Every interval that overlaps the arrivals, not only those ending inside them: when the prefills run
+        # back to back, the stall they cause is one interval that ends after the last arrival's first token.
+        loaded += [b - a for a, b in gaps if b >= start and a <= end]
     return p99(loaded) * 1e3, p99(steady) * 1e3
 
 
