@@ -19,7 +19,7 @@ KEEPALIVE_TIMEOUT_MS = 5_000  # no ack within this: the connection is dead, its 
 # bytes of messages: a one-token message is ~10 bytes, so a handful of them are in flight. Only the receive
 # side is affected: requests (tensor uploads) travel under the peer's window. Messages larger than the
 # window still pass (gRPC grants what a pending read needs), and without BDP probing the window stays small.
-READER_WINDOW_BYTES = 128
+READER_WINDOW_BYTES = 32
 READER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.lookahead_bytes", READER_WINDOW_BYTES),
     ("grpc.http2.bdp_probe", 0),
