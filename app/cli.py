@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from app.tiny import DEFAULT_MODEL, TINY_MODELS
+from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 
 def _say(message: str) -> None:
@@ -43,6 +44,11 @@ def _up(args: argparse.Namespace) -> int:
     from app.models import model_note, resolve_model
     from app.supervise import Supervisor
 
+    try:
+        engine_args, preprocessor_args = _security_args(args)
+    except ValueError as exc:
+        _say(f"splice up: {exc}")
+        return 2
     resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
     if note := model_note(args.model):
         _say(note)
@@ -50,8 +56,9 @@ def _up(args: argparse.Namespace) -> int:
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
-                                  engine_args=shlex.split(args.engine_args),
-                                  preprocessor_args=_http_args(args) + shlex.split(args.preprocessor_args), echo=echo)
+                                  engine_args=engine_args + shlex.split(args.engine_args),
+                                  preprocessor_args=preprocessor_args + shlex.split(args.preprocessor_args),
+                                  echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
         return 2
@@ -60,9 +67,11 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if pre.http_address:
         print(f"http serving on {pre.http_address}", flush=True)
-    http = f", OpenAI-compatible HTTP on http://{pre.http_address}/v1" if pre.http_address else ""
-    print(f"splice up: preprocessor (public API) on {pre.address}{http}, engine on {engine.address}. "
-          f"Ctrl-C stops both.", flush=True)
+    scheme = "https" if args.tls_cert else "http"
+    http = f", OpenAI-compatible HTTP on {scheme}://{pre.http_address}/v1" if pre.http_address else ""
+    secured = _secured(args)
+    print(f"splice up: preprocessor (public API) on {pre.address}{http}, engine on {engine.address}"
+          f"{f' ({secured})' if secured else ''}. Ctrl-C stops both.", flush=True)
     supervisor = Supervisor([engine, pre], _say, echo)
     try:
         supervisor.run(stop)
@@ -73,10 +82,48 @@ def _up(args: argparse.Namespace) -> int:
         engine.stop()
 
 
-def _http_args(args: argparse.Namespace) -> list[str]:
-    if args.api_key:  # through the environment, not argv: other users can read a process's arguments
-        os.environ["SPLICE_API_KEY"] = args.api_key
-    return ["--allowed-media-domains", *args.allowed_media_domains] if args.allowed_media_domains else []
+def _security_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """`splice up`'s TLS and key flags as (engine flags, preprocessor flags); ValueError for a set that cannot
+    work. Keys travel through the environment, not argv (other users can read a process's arguments), and
+    restarted services inherit it."""
+    if args.api_key:
+        os.environ[API_KEY_ENV] = args.api_key
+    if args.engine_api_key:
+        os.environ[ENGINE_KEY_ENV] = args.engine_api_key
+    pre = ["--allowed-media-domains", *args.allowed_media_domains] if args.allowed_media_domains else []
+    pre += _flags(("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca))
+    if (args.engine_server_cert is None) != (args.engine_server_key is None):
+        raise ValueError("the engine's TLS needs both --engine-server-cert and --engine-server-key")
+    if args.engine_server_cert and not args.engine_tls_ca:
+        raise ValueError("--engine-server-cert needs --engine-tls-ca, the CA the preprocessor trusts for it "
+                         "('system': the system's roots)")
+    if args.engine_tls_ca and not args.engine_server_cert:
+        raise ValueError("--engine-tls-ca needs --engine-server-cert and --engine-server-key: the engine serves "
+                         "TLS with them")
+    if (args.engine_tls_cert is None) != (args.engine_tls_key is None):
+        raise ValueError("the preprocessor's certificate needs both --engine-tls-cert and --engine-tls-key")
+    if args.engine_tls_cert and args.engine_tls_ca == "system":
+        raise ValueError("mTLS on the engine link needs a CA file as --engine-tls-ca (the engine checks the "
+                         "preprocessor's certificate against it), not 'system'")
+    engine = _flags(("--tls-cert", args.engine_server_cert), ("--tls-key", args.engine_server_key),
+                    # a preprocessor certificate given: the engine requires one, signed by the link's CA
+                    ("--tls-ca", args.engine_tls_ca if args.engine_tls_cert else None))
+    pre += _flags(("--engine-tls-ca", args.engine_tls_ca), ("--engine-tls-cert", args.engine_tls_cert),
+                  ("--engine-tls-key", args.engine_tls_key))
+    return engine, pre
+
+
+def _flags(*pairs: tuple[str, str | None]) -> list[str]:
+    return [item for flag, value in pairs if value is not None for item in (flag, value)]
+
+
+def _secured(args: argparse.Namespace) -> str:
+    """What `splice up` secured, for its ready line."""
+    public = ("mTLS" if args.tls_ca else "TLS") if args.tls_cert else ""
+    link = ("mTLS" if args.engine_tls_cert else "TLS") if args.engine_server_cert else ""
+    parts = [f"public API {public}" if public else "", "public API key" if os.environ.get(API_KEY_ENV) else "",
+             f"engine link {link}" if link else "", "engine key" if os.environ.get(ENGINE_KEY_ENV) else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -102,7 +149,7 @@ def _chat(args: argparse.Namespace) -> int:
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     if args.seed is not None:
         sampling["seed"] = args.seed
-    from splice.security import API_KEY_ENV, ClientTLS
+    from splice.security import ClientTLS
 
     try:
         tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
@@ -150,8 +197,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
     p.add_argument("--engine-port", type=int, default=50061)
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
-    p.add_argument("--api-key", default=None, help="HTTP API only: require 'Authorization: Bearer KEY' "
-                   "(default: $SPLICE_API_KEY)")
+    p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
+                   f"and HTTP (default: ${API_KEY_ENV})")
+    p.add_argument("--engine-api-key", default=None, help="a key the engine requires from the preprocessor "
+                   f"(default: ${ENGINE_KEY_ENV})")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate: the public API (gRPC and HTTP) serves TLS")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default=None, help="PEM CA: the public API requires client certificates signed by "
+                   "it (mTLS)")
+    p.add_argument("--engine-server-cert", default=None, help="PEM certificate: the engine serves TLS (with "
+                   "--engine-server-key and --engine-tls-ca)")
+    p.add_argument("--engine-server-key", default=None, help="PEM private key of --engine-server-cert")
+    p.add_argument("--engine-tls-ca", default=None, help="PEM CA the preprocessor trusts for the engine's "
+                   "certificate ('system': the system's roots); with --engine-tls-cert the engine also requires "
+                   "the preprocessor's certificate signed by it (mTLS)")
+    p.add_argument("--engine-tls-cert", default=None, help="the preprocessor's client certificate for the engine "
+                   "(mTLS on the engine link; with --engine-tls-key)")
+    p.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
     p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
                    help="hosts whose http(s) image URLs the HTTP API may fetch")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",

@@ -125,16 +125,18 @@ def start_stack(model: str, *, host: str = "127.0.0.1", engine_port: int = 0, pr
                 http_port: int | None = None, engine_args: Sequence[str] = (),
                 preprocessor_args: Sequence[str] = (), echo: Callable[[str], None] | None = None,
                 ) -> tuple[Service, Service]:
-    """Engine first (healthy), then a preprocessor pointed at it (healthy). `http_port`: the preprocessor
-    also serves the HTTP API there (0: a free port; its address is `pre.http_address`)."""
+    """Engine first, then a preprocessor pointed at it. `http_port`: the preprocessor also serves the HTTP API
+    there (0: a free port; its address is `pre.http_address`).
+
+    Each ready line is printed once the service's health is SERVING (the engine loaded and warm, the
+    preprocessor having reached the engine), so there is nothing left to poll, and nothing that would need
+    the services' TLS credentials: `splice up` holds no client certificate for a public face under mTLS."""
     engine = start("engine", ["--model", model, "--host", host, "--port", str(engine_port), *engine_args],
                    echo=echo)
     try:
-        wait_healthy(engine.address)
         http = ["--http-port", str(http_port)] if http_port is not None else []
         pre = start("preprocessor", ["--engine", engine.address, "--host", host, "--port", str(preprocessor_port),
                                      *http, *preprocessor_args], echo=echo)
-        wait_healthy(pre.address)
     except BaseException:
         engine.stop()
         raise

@@ -26,7 +26,7 @@ from engine.model_runner import ModelRunner
 from engine.models import Prompt
 from engine.outbox import Listener, Outbox
 from engine.sampler import make_generator, sample
-from engine.scheduler import Scheduler
+from engine.scheduler import PrefillChunk, Scheduler
 from engine.sequence import Sequence
 from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
@@ -173,20 +173,45 @@ class LLMEngine:
             out = self.scheduler.schedule()
             self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
             # read now: a sequence that finishes in its prefill may lose its listener before the step ends
-            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None for s in out.prefill]
+            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None
+                        for s in [*out.prefill, *([out.chunk.seq] if out.chunk else [])]]
         self._flush()  # the aborted ones' ends go out now, not after the forward
         self.runner.remove({s.seq_id for s in aborted})
         if out.is_empty:
             return False
         self.steps += 1
         start = time.perf_counter()
-        if out.prefill:
-            self._prefill(out.prefill)
-            self._record_prefill(out.prefill, arrivals, start)
-        else:
+        if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
             self._decode()
             self.stats.decoded(len(out.decode), time.perf_counter() - start)
+        if out.chunk is not None and not out.chunk.seq.is_finished:
+            self._prefill_chunk(out.chunk, arrivals[-1])
+        admitted = [(s, t) for s, t in zip(out.prefill, arrivals, strict=False) if not s.is_finished]
+        if admitted:  # (a failed decode fails them too)
+            start = time.perf_counter()
+            self._prefill([s for s, _ in admitted])
+            self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
         return True
+
+    def _prefill_chunk(self, chunk: PrefillChunk, arrival: float | None) -> None:
+        """The next part of a long prompt's prefill; its first token comes out with the last part."""
+        seq = chunk.seq
+        start = time.perf_counter()
+        try:
+            prompt = self.m.family.prompt(seq.payload) if chunk.start == 0 else None
+            logits = self.runner.prefill_part(seq.seq_id, prompt, chunk.start, chunk.end)
+        except Exception as exc:
+            log.exception("request %s: prefill failed", seq.request_id)
+            self._fail([seq], exc)
+            return
+        with self._lock:
+            self.scheduler.chunk_done(seq, chunk.end if logits is None else seq.prompt_len)
+        if logits is None:
+            return
+        self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
+        seq.payload = None
+        self._postprocess([seq], logits)
+        self._record_prefill([seq], [arrival], start)
 
     def _record_prefill(self, seqs: list[Sequence], arrivals: list[float | None], start: float) -> None:
         now = time.perf_counter()
@@ -264,7 +289,9 @@ class LLMEngine:
                 self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage))
                 if reason is not None:
                     self._release(seq)
-        self._flush()  # one hand-off per event loop for the whole step
+        # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its
+        # prefill runs
+        self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)
 

@@ -1,40 +1,70 @@
 """Batched prefill and decode over one running batch; everything model-specific is the family's.
 
-The running batch is one cache whose rows are sequences, left-padded to a common length, with a
-[rows, T] mask of real positions and each row's next position id. A prefill builds a batch for the new
-sequences and joins it in (padding the shorter side on the left); a leaving sequence is dropped at once,
-and columns that became padding in every row are trimmed. The family (engine/models/) says what a
-position id is, which masks each layer type gets, what extra inputs the forward takes, and how its
-cache's rows are joined and dropped.
+The running batch keeps each sequence's keys and values in a slot of preallocated per-layer buffers
+(engine/models/slot_cache.py): a prefill writes its new rows into free slots, a decode step writes one column per
+row where that row ends, and a leaving row's slot is filled by the last row. So nothing moves when rows join or
+leave, except that one row. Slot order is an internal matter: `seq_ids`, `decode`'s tokens and the logits keep
+the order in which sequences joined. The family (engine/models/) says what a position id is, which masks each
+layer type gets, what extra inputs the forward takes, and how its non-attention states join and leave.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.models import ModelFamily, Prompt, StepInputs
-from engine.models.padded_cache import left_pad
+from engine.models.slot_cache import SlotKV
+
+PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
+
+
+def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 @dataclass
 class Batch:
-    seq_ids: list[int]  # row order
-    cache: Any  # the family's cache (a left-padded DynamicCache by default)
-    mask: torch.Tensor  # [rows, T] long; 1 = real position, 0 = padding
-    positions: torch.Tensor  # [rows] long; position id of each row's next token
+    seq_ids: list[int]  # the order sequences joined in (what callers see)
+    slot_seqs: list[int]  # the sequence in each slot
+    cache: Any  # the family's cache over the slots in use
+    kv: SlotKV  # the slot table and key/value buffers
+    positions: torch.Tensor  # [slots] long; position id of each slot's next token
+    order: torch.Tensor | None = field(default=None)  # [rows] slot of each seq_ids entry; None = same order
 
     @property
     def width(self) -> int:
-        return self.mask.shape[1]
+        """Key/value columns the rows span."""
+        return self.kv.width
+
+    def reorder(self) -> None:
+        slot = {s: i for i, s in enumerate(self.slot_seqs)}
+        order = [slot[s] for s in self.seq_ids]
+        self.order = None if order == list(range(len(order))) else torch.tensor(order)
+
+
+@dataclass
+class Pending:
+    """A long prompt prefilled over several steps: its slot is the one after the rows in use, and it decodes
+    only once its last chunk is in."""
+
+    seq_id: int
+    prompt: Prompt
+    slot: int
+    done: int = 0  # prompt positions cached
 
 
 class ModelRunner:
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
         self.batch: Batch | None = None
+        self.pending: Pending | None = None
 
     @property
     def seq_ids(self) -> list[int]:
@@ -55,10 +85,52 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seq_ids: list[int], prompts: list[Prompt]) -> torch.Tensor:
-        """One merged Prompt per sequence -> logits [len(seq_ids), vocab]; the rows join the batch.
+        """One merged Prompt per sequence -> logits [len(seq_ids), vocab]; the rows join the batch in new slots.
 
-        On an exception the running batch is untouched.
+        Prompts longer than PREFILL_CHUNK go alone, chunk by chunk, where the family allows it (so no forward
+        holds more than PREFILL_CHUNK queries, nor a mask of more than PREFILL_CHUNK x T); the others go together,
+        left-padded. On an exception the running batch is untouched: new rows only ever write to slots past the
+        ones in use, and are recorded only once every forward has succeeded.
         """
+        f = self.family
+        b = self.batch
+        kv = b.kv if b is not None else SlotKV()
+        cache = f.cache.for_prefill(kv, b.cache if b is not None else None)
+        long = [i for i, p in enumerate(prompts) if len(p.token_ids) > PREFILL_CHUNK and f.chunkable(p)]
+        group = [i for i in range(len(prompts)) if i not in long]
+        slot = kv.rows
+        logits, starts, ends = [], [], []
+        try:
+            if group:
+                rows, pads = self._prefill_padded([prompts[i] for i in group], kv, cache, slot)
+                logits.append(rows)
+                starts += pads
+                ends += [len(prompts[group[0]].token_ids) + pads[0]] * len(group)
+            for k, i in enumerate(long):
+                logits.append(self._prefill_span(prompts[i], kv, cache, slot + len(group) + k))
+                starts.append(0)
+                ends.append(len(prompts[i].token_ids))
+        finally:
+            kv.refresh()
+        in_slots = group + long  # prompt index of each new slot
+        kv.add_rows(starts, ends)
+        nexts = torch.tensor([prompts[i].next_position for i in in_slots], device=f.device)
+        new_seqs = [seq_ids[i] for i in in_slots]
+        if b is None:
+            self.batch = b = Batch(list(seq_ids), new_seqs, cache, kv, nexts)
+        else:
+            b.cache = f.cache.join(b.cache, cache)
+            b.seq_ids += seq_ids
+            b.slot_seqs += new_seqs
+            b.positions = torch.cat([b.positions, nexts])
+        b.reorder()
+        kv.refresh()
+        out = torch.cat(logits)  # [len(prompts), vocab] in slot order
+        return out[torch.tensor(in_slots).argsort()] if long and group else out
+
+    def _prefill_padded(self, prompts: list[Prompt], kv: SlotKV, cache: Any,
+                        slot: int) -> tuple[torch.Tensor, list[int]]:
+        """One forward of `prompts` left-padded to the longest, into slots from `slot` -> (logits, pads)."""
         dev = self.family.device
         longest = max(len(p.token_ids) for p in prompts)
         pads = [longest - len(p.token_ids) for p in prompts]
@@ -72,47 +144,98 @@ class ModelRunner:
             span_mask=torch.stack([left_pad(p.span_mask, n, 0) for p, n in zip(prompts, pads, strict=True)]),
         )
         positions = torch.stack([left_pad(p.positions, n, 1) for p, n in zip(prompts, pads, strict=True)], 1)
-        cache = self.family.cache.new()
-        logits = self._forward(embeds, step, positions, cache)  # positions: [D, n, L]
-        new = Batch(list(seq_ids), cache, mask, torch.tensor([p.next_position for p in prompts], device=dev))
-        self.batch = new if self.batch is None else self._join(self.batch, new)
+        kv.plan_prefill(len(prompts), longest, first=slot)
+        return self._forward(embeds, step, positions, cache), pads  # positions: [D, n, L]
+
+    def _prefill_span(self, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, start: int = 0,
+                      end: int | None = None) -> torch.Tensor:
+        """Prompt positions [start, end) of one prompt in `slot`, PREFILL_CHUNK per forward, each attending to the
+        columns before it -> the last forward's logits [1, vocab]."""
+        end = len(prompt.token_ids) if end is None else end
+        logits = None
+        for at in range(start, end, PREFILL_CHUNK):
+            stop = min(at + PREFILL_CHUNK, end)
+            step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
+                              prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
+            kv.plan_prefill(1, stop - at, past=at, first=slot)
+            logits = self._forward(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
         return logits
 
-    def _join(self, a: Batch, b: Batch) -> Batch:
-        width = max(a.width, b.width)
-        pa, pb = width - a.width, width - b.width
-        cache = self.family.cache.join(a.cache, b.cache, pa, pb)
-        mask = torch.cat([left_pad(a.mask, pa, 1), left_pad(b.mask, pb, 1)])
-        return Batch(a.seq_ids + b.seq_ids, cache, mask, torch.cat([a.positions, b.positions]))
+    @torch.inference_mode()
+    def prefill_part(self, seq_id: int, prompt: Prompt | None, start: int, end: int) -> torch.Tensor | None:
+        """Prompt positions [start, end) of a long prompt (given at start 0, remembered after) while the batch
+        decodes: logits [1, vocab] once the prompt is complete and the row has joined, else None. A prompt the
+        family cannot chunk is prefilled whole at once."""
+        if start == 0:
+            assert prompt is not None
+            if end >= len(prompt.token_ids) or not self.family.chunkable(prompt) or self.batch is None:
+                return self.prefill([seq_id], [prompt])
+            self.pending = Pending(seq_id, prompt, self.batch.kv.rows)
+        p, b = self.pending, self.batch
+        assert p is not None and b is not None and p.seq_id == seq_id and p.done == start
+        try:
+            logits = self._prefill_span(p.prompt, b.kv, b.cache, p.slot, start, end)
+        finally:
+            b.kv.refresh()
+        p.done = end
+        if end < len(p.prompt.token_ids):
+            return None
+        self.pending = None
+        b.kv.add_rows([0], [end])
+        b.seq_ids.append(seq_id)
+        b.slot_seqs.append(seq_id)
+        b.positions = torch.cat([b.positions, b.positions.new_tensor([p.prompt.next_position])])
+        b.reorder()
+        b.kv.refresh()
+        return logits
 
     @torch.inference_mode()
     def decode(self, tokens: list[int]) -> torch.Tensor:
-        """tokens: the last token of every row, in `seq_ids` order -> logits [rows, vocab]."""
+        """tokens: the last token of every row, in `seq_ids` order -> logits [rows, vocab] in that order."""
         b = self.batch
         f = self.family
         assert b is not None and len(tokens) == len(b.seq_ids)
-        ids = torch.tensor(tokens, dtype=torch.long, device=f.device)[:, None]  # [rows, 1]
+        ids = torch.tensor(tokens, dtype=torch.long, device=f.device)
+        if b.order is not None:  # into slot order
+            ids = torch.empty_like(ids).index_put_((b.order,), ids)
+        ids = ids[:, None]  # [rows, 1]
         embeds = f.lookup(ids)  # [rows, 1, hidden]
-        mask = torch.cat([b.mask, b.mask.new_ones(len(tokens), 1)], dim=1)  # [rows, T + 1]
+        mask = b.kv.key_mask(1).to(f.device)  # [rows, T + 1]
         positions = b.positions[None, :, None].expand(f.position_dims, -1, 1)  # [D, rows, 1]
+        b.kv.plan_decode()
         logits = self._forward(embeds, StepInputs(ids, mask, None, None), positions, b.cache)
-        b.mask = mask
+        b.kv.advance()
+        b.kv.refresh()
         b.positions = b.positions + 1
-        return logits
+        return logits if b.order is None else logits[b.order]
 
+    @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:
-        """Drops rows (their cache freed now) and the columns that are padding in every remaining row."""
+        """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks (a long prompt
+        still being prefilled keeps the slot after the rows in use)."""
+        if self.pending is not None and self.pending.seq_id in seq_ids:
+            self.pending = None
         b = self.batch
         if b is None or not seq_ids & set(b.seq_ids):
             return
-        keep = [i for i, s in enumerate(b.seq_ids) if s not in seq_ids]
-        if not keep:
-            self.batch = None
+        if not set(b.seq_ids) - seq_ids and self.pending is None:
+            self.batch = None  # the buffers go with the batch
             return
-        rows = torch.tensor(keep, device=self.family.device)
-        mask = b.mask[rows]
-        first = int(mask.any(0).long().argmax())  # first column real in some row
-        self.family.cache.leave(b.cache, rows, first)
-        b.seq_ids = [b.seq_ids[i] for i in keep]
-        b.mask = mask[:, first:].contiguous()
-        b.positions = b.positions[rows]
+        for seq in seq_ids & set(b.seq_ids):
+            slot, last = b.slot_seqs.index(seq), len(b.slot_seqs) - 1
+            if slot != last:
+                b.kv.move(last, slot)
+                self.family.cache.move(b.cache, last, slot)
+                b.positions[slot] = b.positions[last]
+                b.slot_seqs[slot] = b.slot_seqs[last]
+            b.slot_seqs.pop()
+            b.kv.pop()
+        p = self.pending
+        if p is not None and p.slot != b.kv.rows:
+            b.kv.copy_columns(p.slot, b.kv.rows, p.done)
+            p.slot = b.kv.rows
+        self.family.cache.truncate(b.cache, len(b.slot_seqs))
+        b.positions = b.positions[:len(b.slot_seqs)]
+        b.seq_ids = [s for s in b.seq_ids if s not in seq_ids]
+        b.kv.refresh()
+        b.reorder()

@@ -1,8 +1,12 @@
 """Iteration-level scheduler: which sequences the next forward runs. Never imports torch.
 
-Each step is either a prefill of newly admitted sequences (their first token comes out) or one decode
-position for every running sequence. Admission happens at every step boundary, so new requests join
-without waiting for running ones; finished and aborted ones leave at the boundary they finish on.
+Each step is one decode position for every running sequence plus a prefill of newly admitted ones (their first
+token comes out). Admission happens at every step boundary, so new requests join without waiting for running
+ones; while sequences run, a step admits at most `mixed_prefill_tokens` padded prompt positions (at least one
+sequence), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running streams for
+all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions per step
+(a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
+once. Finished and aborted ones leave at the boundary they finish on.
 """
 
 from __future__ import annotations
@@ -13,26 +17,39 @@ from dataclasses import dataclass, field
 from engine.sequence import FinishReason, SeqStatus, Sequence
 from splice.errors import InvalidArgument, ResourceExhausted
 
+DEFAULT_MIXED_PREFILL_TOKENS = 128  # on CPU a prompt position costs about what a decode row does: keep steps short
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    seq: Sequence  # RUNNING, not yet decoding
+    start: int  # prompt positions already cached
+    end: int  # prefill through this position (exclusive); the prompt's length on its last chunk
+
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     prefill: list[Sequence] = field(default_factory=list)  # newly admitted, now RUNNING; prefill them
-    decode: list[Sequence] = field(default_factory=list)  # running; advance each by one token
+    decode: list[Sequence] = field(default_factory=list)  # running before this step; advance each by one token
+    chunk: PrefillChunk | None = None  # the next part of a long prompt's prefill
 
     @property
     def is_empty(self) -> bool:
-        return not self.prefill and not self.decode
+        return not self.prefill and not self.decode and self.chunk is None
 
 
 class Scheduler:
     """Not thread-safe: the engine serializes calls."""
 
-    def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int) -> None:
+    def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
+                 mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS) -> None:
         self.max_running_seqs = max_running_seqs
         self.max_batch_tokens = max_batch_tokens
+        self.mixed_prefill_tokens = mixed_prefill_tokens
         self.max_queue = max_queue
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefilling: Sequence | None = None  # running, its long prompt prefilled over several steps
 
     @property
     def has_work(self) -> bool:
@@ -50,27 +67,45 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
+        decode = [s for s in self.running if s is not self.prefilling]
+        budget = min(self.max_batch_tokens, self.mixed_prefill_tokens) if decode else self.max_batch_tokens
+        if self.prefilling is not None:  # nothing else is admitted until its prompt is in
+            seq = self.prefilling
+            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, seq.prefilled,
+                                                                     min(seq.prompt_len, seq.prefilled + budget)))
+        room = len(self.running) < self.max_running_seqs
+        if decode and room and self.waiting and self.waiting[0].prompt_len > budget:
+            seq = self.prefilling = self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, 0, budget))
         admitted: list[Sequence] = []
         longest = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_running_seqs:
             seq = self.waiting[0]
             # prefill rows are padded to the longest prompt, so the padded size is what the forward costs
             padded = max(longest, seq.prompt_len) * (len(admitted) + 1)
-            if admitted and padded > self.max_batch_tokens:
+            if admitted and padded > budget:
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             admitted.append(seq)
             longest = max(longest, seq.prompt_len)
-        if admitted:
-            self.running.extend(admitted)
-            return SchedulerOutput(prefill=admitted)
-        return SchedulerOutput(decode=list(self.running))
+        self.running.extend(admitted)
+        return SchedulerOutput(prefill=admitted, decode=decode)
+
+    def chunk_done(self, seq: Sequence, end: int) -> None:
+        """`seq`'s prompt is cached through `end`; at its length the sequence decodes from the next step."""
+        seq.prefilled = end
+        if end >= seq.prompt_len and seq is self.prefilling:
+            self.prefilling = None
 
     def finish(self, seq: Sequence, reason: FinishReason, error: BaseException | None = None) -> None:
         """Ends `seq` wherever it is (waiting or running)."""
         if seq.is_finished:
             return
+        if seq is self.prefilling:
+            self.prefilling = None
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         else:

@@ -30,7 +30,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def _next(self, parts: AsyncIterator[engine_pb2.GenerateRequestPart], received: int,
                     ) -> engine_pb2.GenerateRequestPart | None:
         """The next request part, or None at the end; a stream silent for upload_idle_timeout fails, which
-        releases whatever budget its call holds."""
+        releases whatever budget its call holds (what it sent before it went silent)."""
         try:
             # a timeout scope, not wait_for: no extra task per part (a header-only request reads two "parts")
             async with asyncio.timeout(self.upload_idle_timeout):
@@ -52,21 +52,27 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         first = await self._next(parts, 0)
         if first is None:
             raise InvalidArgument("Generate stream is empty; a header comes first")
-        assembler.feed(first)  # the header: declared sizes are known before any tensor byte arrives
-        if not self.budget.fits(assembler.declared_bytes):
-            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
-            # send failure (INTERNAL) instead of this status.
-            received = 1
-            while await self._next(parts, received) is not None:
-                received += 1
-            raise self.budget.refusal(assembler.declared_bytes)
-        with self.budget.hold(assembler.declared_bytes):
+        assembler.feed(first)  # the header: declared sizes are capped by the budget before any tensor byte arrives
+        # The call holds its tensor bytes as they arrive (the buffers are committed as written), each chunk
+        # before it is written: a silent stream holds nothing, so it cannot keep others out for free.
+        held = 0
+        try:
             received = 1
             while (part := await self._next(parts, received)) is not None:
+                nbytes = len(part.chunk.data)
+                if not self.budget.take(nbytes):
+                    # Read and drop the rest: a server that stops reading mid-stream makes the client see its
+                    # own send failure (INTERNAL) instead of this status.
+                    while await self._next(parts, received) is not None:
+                        received += 1
+                    raise self.budget.refusal(assembler.declared_bytes)
+                held += nbytes
                 assembler.feed(part)
                 received += 1
             async for out in engine.generate(assembler.finish()):
                 yield out.to_pb()
+        finally:
+            self.budget.give(held)
 
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:

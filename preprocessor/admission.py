@@ -32,31 +32,65 @@ class Admission:
     def enter(self, nbytes: int) -> Ticket:
         """A place for one request of `nbytes`; ResourceExhausted when it does not fit now."""
         with self._lock:
-            if self.running >= self.max_concurrent:
-                raise ResourceExhausted(f"the preprocessor is working on {self.running} requests, its limit "
-                                        f"(--max-concurrent-requests); retry later")
-            if self.held + nbytes > self.max_bytes:
-                raise ResourceExhausted(f"a request of {nbytes} bytes does not fit: {self.held} of {self.max_bytes} "
-                                        f"request bytes are held (--max-inflight-request-bytes); retry later")
+            self._check_place()
+            self._check_bytes(nbytes)
             self.running += 1
             self.held += nbytes
         return Ticket(self, nbytes)
 
+    def stream(self, declared: int) -> Ticket:
+        """A ticket for a client stream (Upload) that will bring `declared` bytes: it holds nothing yet. The
+        stream holds its bytes as they arrive (`Ticket.grow`) and its place once it is complete
+        (`Ticket.place`), like a unary request once its message has arrived: a silent stream holds neither,
+        so it cannot keep others out for free. ResourceExhausted when `declared` could never fit."""
+        if declared > self.max_bytes:
+            raise ResourceExhausted(f"a request of {declared} bytes is larger than the {self.max_bytes} request "
+                                    f"bytes the preprocessor holds at once (--max-inflight-request-bytes)")
+        return Ticket(self, 0, placed=False)
+
     def full(self) -> bool:
         return self.running >= self.max_concurrent
+
+    def _check_place(self) -> None:
+        if self.running >= self.max_concurrent:
+            raise ResourceExhausted(f"the preprocessor is working on {self.running} requests, its limit "
+                                    f"(--max-concurrent-requests); retry later")
+
+    def _check_bytes(self, nbytes: int) -> None:
+        if self.held + nbytes > self.max_bytes:
+            raise ResourceExhausted(f"a request of {nbytes} bytes does not fit: {self.held} of {self.max_bytes} "
+                                    f"request bytes are held (--max-inflight-request-bytes); retry later")
 
 
 @dataclass
 class Ticket:
     admission: Admission
     nbytes: int
+    placed: bool = True  # holds one of the --max-concurrent-requests places
     released: bool = False
+
+    def grow(self, nbytes: int) -> None:
+        """`nbytes` more for this request; ResourceExhausted when they do not fit now."""
+        a = self.admission
+        with a._lock:
+            a._check_bytes(nbytes)
+            a.held += nbytes
+            self.nbytes += nbytes
+
+    def place(self) -> None:
+        """This request's place among the concurrent ones; ResourceExhausted when there is none now."""
+        a = self.admission
+        with a._lock:
+            if not self.placed:
+                a._check_place()
+                a.running += 1
+                self.placed = True
 
     def release(self) -> None:
         with self.admission._lock:
             if not self.released:
                 self.released = True
-                self.admission.running -= 1
+                self.admission.running -= 1 if self.placed else 0
                 self.admission.held -= self.nbytes
 
 
@@ -76,7 +110,7 @@ class AdmissionInterceptor(SpliceInterceptor):
         self.admission = admission
 
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        if handler.request_streaming:  # no client-streaming RPC on the public API
+        if handler.request_streaming:  # Upload: admitted by its servicer once its first message declares its size
             return handler
         parse = handler.request_deserializer
         tickets: list[Ticket] = []  # this call's, set by its deserializer

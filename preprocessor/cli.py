@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request's chat template may take to render, queueing included")
     parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
                         help="worker processes rendering request chat templates")
+    parser.add_argument("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
+                        help="seconds an Upload stream may stay silent before DEADLINE_EXCEEDED (it then releases "
+                             "its admission)")
     parser.add_argument("--max-concurrent-requests", type=int, default=256,
                         help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
     parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
@@ -80,7 +83,8 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
                   max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir,
                   trust_request_chat_template=args.trust_request_chat_template,
-                  chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers)
+                  chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,
+                  upload_idle_timeout=args.upload_idle_timeout)
 
 
 def admission_from_args(args: argparse.Namespace) -> Admission:

@@ -23,6 +23,7 @@ class Limits:
     chat_template_timeout: float = 2.0  # seconds a request template may take to render (queueing included)
     chat_template_workers: int = 2  # worker processes rendering request templates
     max_chat_template_bytes: int = 256 * 1024
+    upload_idle_timeout: float = 30.0  # seconds an Upload stream may stay silent before it is abandoned
 
     def __post_init__(self) -> None:
         for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts",
@@ -32,7 +33,8 @@ class Limits:
         if self.max_embeds_parts > MAX_EMBEDS_PARTS:
             raise ValueError(f"Limits.max_embeds_parts must be <= {MAX_EMBEDS_PARTS} (one sentinel token per part), "
                              f"got {self.max_embeds_parts}")
-        if self.chat_template_timeout <= 0:
-            raise ValueError(f"Limits.chat_template_timeout must be > 0, got {self.chat_template_timeout}")
+        for name in ("chat_template_timeout", "upload_idle_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)}")
         if self.allowed_media_dir is not None and not Path(self.allowed_media_dir).is_dir():
             raise ValueError(f"allowed media dir {self.allowed_media_dir} is not a directory")

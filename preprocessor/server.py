@@ -68,7 +68,8 @@ class PreprocessorServer:
         tls = self.security.tls
         server = grpc.aio.server(interceptors=interceptors,  # outermost first
                                  options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
-        preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core), server)
+        preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core, self.admission),
+                                                                server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         self.port = bind(server, self.host, self.port, tls.credentials() if tls else None)

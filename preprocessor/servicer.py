@@ -3,24 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import grpc
 
+from preprocessor.admission import Admission, Ticket
 from preprocessor.convert import conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
 from preprocessor.upload import UploadAssembler
-from splice.errors import InvalidArgument, SpliceError
+from splice.errors import DeadlineExceeded, InvalidArgument, SpliceError
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
 
+async def _next_part(parts: AsyncIterator[preprocessor_pb2.UploadPart], received: int, idle: float,
+                     ) -> preprocessor_pb2.UploadPart | None:
+    """The next Upload part, or None at the end; a stream silent for `idle` seconds fails, which releases what
+    its call holds (its admission, its buffers)."""
+    try:
+        return await asyncio.wait_for(anext(parts, None), idle)
+    except TimeoutError:
+        raise DeadlineExceeded(f"the Upload stream sent nothing for {idle:g} s after {received} parts; it is "
+                               f"abandoned (--upload-idle-timeout)") from None
+
+
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
-    def __init__(self, core: Callable[[], PreprocessorCore]) -> None:
+    def __init__(self, core: Callable[[], PreprocessorCore], admission: Admission | None = None) -> None:
         # A getter, not the core: the engine link swaps the core when the engine (re)appears; it raises
         # Unavailable while there is none.
         self._core = core
+        # Unary-request calls are admitted by AdmissionInterceptor; Upload here, by the size it declares.
+        self._admission = admission or Admission()
 
     async def Chat(self, request: preprocessor_pb2.ChatRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
@@ -44,26 +59,45 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Upload(self, request_iterator: AsyncIterator[preprocessor_pb2.UploadPart],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
-        upload = UploadAssembler(core.limits)
+        tickets: list[Ticket] = []  # its admission, from when the first message declares its size
+        upload = UploadAssembler(core.limits, admit=lambda nbytes: tickets.append(self._admission.stream(nbytes)))
         parts = aiter(request_iterator)
+        idle = core.limits.upload_idle_timeout
         try:
-            async for part in parts:
-                upload.feed(part)
-        except SpliceError:
-            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own send
-            # failure (INTERNAL) instead of this status.
-            async for _ in parts:
-                pass
-            raise
-        request, streamed = upload.finish()
-        sampling = SamplingParams.from_pb(request.sampling)
-        if isinstance(request, preprocessor_pb2.ChatRequest):
-            chunks = core.chat(conversation_from_pb(request, streamed), sampling, request.request_id)
-        else:
-            chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id)
-        async with aclosing(chunks) as chunks:
-            async for chunk in chunks:
-                yield chunk.to_pb()
+            try:
+                received = 0
+                while (part := await _next_part(parts, received, idle)) is not None:
+                    # It holds its bytes as they arrive (the buffers are committed as written), each part
+                    # before it is written; the request message once it admitted the upload.
+                    if tickets:
+                        tickets[0].grow(part.ByteSize())
+                    upload.feed(part)
+                    if received == 0 and tickets:
+                        tickets[0].grow(part.ByteSize())
+                    received += 1
+            except SpliceError as exc:
+                # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
+                # send failure (INTERNAL) instead of this status. Not from a silent stream, nor for longer
+                # than the idle timeout allows between parts.
+                if not isinstance(exc, DeadlineExceeded):
+                    with contextlib.suppress(DeadlineExceeded):
+                        while await _next_part(parts, received, idle) is not None:
+                            pass
+                raise
+            if tickets:
+                tickets[0].place()
+            request, streamed = upload.finish()
+            sampling = SamplingParams.from_pb(request.sampling)
+            if isinstance(request, preprocessor_pb2.ChatRequest):
+                chunks = core.chat(conversation_from_pb(request, streamed), sampling, request.request_id)
+            else:
+                chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id)
+            async with aclosing(chunks) as chunks:
+                async for chunk in chunks:
+                    yield chunk.to_pb()
+        finally:
+            for ticket in tickets:
+                ticket.release()
 
     async def Tokenize(self, request: preprocessor_pb2.TokenizeRequest,
                        context: grpc.aio.ServicerContext) -> preprocessor_pb2.TokenizeResponse:

@@ -3,12 +3,13 @@ streamed prompt_embeds tensors assembled into buffers of their declared sizes (n
 
 A streamed tensor is a raw prompt_embeds `tensor` of the request whose data is empty and whose declared size
 is not; its bytes follow as TensorChunk messages, counted in request order. Sizes and counts are checked
-against the Limits before anything is allocated; the tensors are handed on as views of those buffers.
+against the Limits, and the request's declared size against admission (preprocessor/admission.py), before
+anything is allocated; the tensors are handed on as views of those buffers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from preprocessor.content import Where
 from preprocessor.limits import Limits
@@ -35,8 +36,11 @@ def raw_embeds(request: Request) -> Iterator[tuple[Where, common_pb2.Tensor]]:
 
 
 class UploadAssembler:
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, admit: Callable[[int], None] | None = None) -> None:
+        """`admit(nbytes)`: called once the request declared its size (its message plus the tensors it streams),
+        before the buffers are allocated; it raises to refuse the upload."""
         self._limits = limits
+        self._admit = admit
         self.request: Request | None = None
         self._where: list[Where] = []
         self._tensors: TensorAssembly | None = None
@@ -73,6 +77,8 @@ class UploadAssembler:
         if len(declared) > self._limits.max_embeds_parts:
             raise InvalidArgument(f"the request streams {len(declared)} prompt_embeds parts; at most "
                                   f"{self._limits.max_embeds_parts}")
+        if self._admit is not None:
+            self._admit(request.ByteSize() + sum(d.nbytes for d in declared))
         self._tensors = TensorAssembly(declared)
         self.request = request
 

@@ -1,6 +1,8 @@
 """What a caller sends cannot crash or stall a server: request messages that do not parse (malformed protobuf,
 invalid UTF-8 in a string field) are INVALID_ARGUMENT with one log line, on both servers and every request shape
-(unary, client stream); Generate uploads that stall time out and release the engine's tensor budget."""
+(unary, client stream); Generate and Upload streams hold the bytes they sent, not those they declared, and
+streams that stall time out and release them (the engine's tensor budget; the preprocessor's admission, which
+Upload shares with every other call)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pytest_asyncio
 
 from engine.config import EngineConfig
 from engine.server import EngineServer
+from preprocessor.admission import Admission
 from preprocessor.core import PreprocessorCore
+from preprocessor.limits import Limits
 from preprocessor.server import PreprocessorServer
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc, preprocessor_pb2
 from tests.preprocessor.pp_factories import files_for, model_info_from_config
@@ -118,12 +122,13 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
         tensors=[engine_pb2.TensorMeta(name="prompt_embeds", dtype="float32", shape=[rows, info.hidden_size])],
         sampling=common_pb2.SamplingParams(max_tokens=1))
     budget = engine_server.servicer.budget
-    saved, budget.limit = budget.limit, 2 * nbytes  # two such requests fill it
+    saved, budget.limit = budget.limit, nbytes + nbytes // 2  # not room for a whole one beside two halves
     never = asyncio.Event()
 
-    async def stalls():  # the header, one chunk of half the bytes, then silence
+    async def stalls(sent: int):  # the header, one chunk of `sent` bytes (if any), then silence
         yield engine_pb2.GenerateRequestPart(header=header)
-        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(nbytes // 2)))
+        if sent:
+            yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(sent)))
         await never.wait()
 
     async def complete():
@@ -133,12 +138,15 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
     try:
         async with grpc.aio.insecure_channel(engine_server.address) as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
-            idle = [stub.Generate(stalls()) for _ in range(2)]
+            # Silent after the header: they hold nothing, however much they declared.
+            idle = [stub.Generate(stalls(0)) for _ in range(4)] + [stub.Generate(stalls(nbytes // 2))
+                                                                   for _ in range(2)]
             for _ in range(200):
-                if budget.used == 2 * nbytes:
+                if budget.used == nbytes:
                     break
                 await asyncio.sleep(0.01)
-            assert budget.used == 2 * nbytes
+            await asyncio.sleep(0.1)
+            assert budget.used == nbytes  # the two halves sent
             with pytest.raises(grpc.aio.AioRpcError) as busy:
                 _ = [r async for r in stub.Generate(complete())]
             assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -154,3 +162,74 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
             assert done[-1].usage.completion_tokens == 1
     finally:
         budget.limit = saved
+
+
+async def test_uploads_hold_what_they_sent_and_silent_ones_time_out(tiny_dirs):
+    """The public Upload stream shares the admission caps of every other call: it holds the bytes it has sent
+    (a silent one holds next to nothing, so it cannot keep others out for free) and a place once complete; a
+    silent one is abandoned after the idle timeout and gives back what it held; one declaring more than the
+    byte cap is refused at its first message."""
+    path = tiny_dirs["tiny-text"]
+    info = model_info_from_config(path)
+    rows = 64
+    nbytes = rows * info.hidden_size * 4
+    admission = Admission(max_concurrent=1, max_bytes=nbytes + nbytes // 2)
+    core = PreprocessorCore(files_for(path), info, limits=Limits(upload_idle_timeout=IDLE_TIMEOUT))
+    server = PreprocessorServer(core=core, admission=admission)
+    port = await server.start()
+
+    def declaring(n: int) -> preprocessor_pb2.UploadPart:
+        return preprocessor_pb2.UploadPart(chat=preprocessor_pb2.ChatRequest(messages=[preprocessor_pb2.ChatMessage(
+            role="user", content=[preprocessor_pb2.ContentPart(prompt_embeds=preprocessor_pb2.PromptEmbeds(
+                tensor=common_pb2.Tensor(dtype="float32", shape=[n, info.hidden_size])))])]))
+
+    never = asyncio.Event()
+
+    async def sends(n: int, then_silent: bool = True):  # declares `rows`, sends `n` bytes of them
+        yield declaring(rows)
+        if n:
+            yield preprocessor_pb2.UploadPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(n)))
+        if then_silent:
+            await never.wait()
+
+    async def held_reaches(n: int) -> None:
+        for _ in range(200):
+            if admission.held >= n:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            upload = channel.stream_stream("/splice.v1.Preprocessor/Upload",
+                                           request_serializer=preprocessor_pb2.UploadPart.SerializeToString)
+            silent = [upload(sends(0)) for _ in range(3)] + [upload(sends(nbytes // 2))]
+            await held_reaches(nbytes // 2)
+            assert admission.running == 0 and nbytes // 2 <= admission.held < nbytes // 2 + 1024, admission.held
+            # A unary call still finds its place: the silent streams hold none.
+            tokenize = channel.unary_unary("/splice.v1.Preprocessor/Tokenize",
+                                           request_serializer=preprocessor_pb2.TokenizeRequest.SerializeToString,
+                                           response_deserializer=preprocessor_pb2.TokenizeResponse.FromString)
+            assert (await tokenize(preprocessor_pb2.TokenizeRequest(text="hi"))).token_ids
+            # Bytes that do not fit beside the half already held: refused as they arrive.
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                _ = [r async for r in upload(sends(nbytes, then_silent=False))]
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, busy.value
+            assert "--max-inflight-request-bytes" in busy.value.details()
+            # More than the cap declared: refused at once.
+            too_big = preprocessor_pb2.UploadPart()
+            too_big.CopyFrom(declaring(rows * 2))
+            with pytest.raises(grpc.aio.AioRpcError) as never_fits:
+                _ = [r async for r in upload(iter([too_big]))]
+            assert never_fits.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than" in never_fits.value.details()
+            began = time.monotonic()
+            for call in silent:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    _ = [r async for r in call]
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+                assert "--upload-idle-timeout" in err.value.details()
+            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+            assert admission.running == 0 and admission.held == 0
+    finally:
+        never.set()
+        await server.stop(0)

@@ -3,11 +3,13 @@
 A family knows one HF architecture: how to load it, what image tensors it accepts and how many feature
 rows they make (checked before any forward), the image features in placeholder order, the merge of text
 rows, image features and supplied rows, the position ids of a prompt and of a decode step, the attention
-masks per layer type, any extra forward inputs, and the cache's row operations (new / join / leave).
+masks per layer type, any extra forward inputs, and how its cache's rows join and leave
+(engine/models/slot_cache.py for key/value layers, hybrid_cache.py for recurrent states beside them).
 The runner (engine/model_runner.py) only batches: it pads, stacks and asks the family.
 
-Shapes: P = prompt length, rows = sequences in the batch, q = new positions this forward, T = cached +
-new positions (left-padded), D = position_dims (1, or 3 for M-RoPE).
+Shapes: P = prompt length, rows = sequences in the batch, q = new positions this forward, T = key/value
+columns the forward attends (rows' real columns differ: the [rows, T] mask says which are real), D =
+position_dims (1, or 3 for M-RoPE).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from engine.models.padded_cache import PaddedKVCache
+from engine.models.attention import use_grouped_sdpa
+from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.request_rules import check_finite, check_float_dtype
@@ -81,7 +84,7 @@ class ImageGeometry(Protocol):
 
 
 class ModelFamily:
-    """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a padded KV cache."""
+    """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a slot KV cache."""
 
     name: ClassVar[str] = "causal-lm"
     model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
@@ -97,10 +100,10 @@ class ModelFamily:
         self.backbone, self.lm_head, self.embed = self.text_parts(model)
         if self.backbone is None or self.lm_head is None or self.embed is None:
             raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
-        self.cache = PaddedKVCache()
+        self.cache = SlotKVCache()
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
-        self._min = torch.finfo(dtype).min
+        use_grouped_sdpa(model)
 
     # --- loading -------------------------------------------------------------------------------------
 
@@ -172,22 +175,33 @@ class ModelFamily:
 
     # --- one forward ---------------------------------------------------------------------------------
 
-    def causal_mask(self, mask: torch.Tensor, q: int, window: int | None = None) -> torch.Tensor:
-        """mask [rows, T] (T includes the q new columns) -> additive [rows, 1, q, T]; `window` limits how far
-        back a query sees (sliding-window layers). The dtype's min, not -inf, keeps padding rows finite."""
+    def causal_mask(self, mask: torch.Tensor, q: int, window: int | None = None,
+                    dense: bool = False) -> torch.Tensor | None:
+        """mask [rows, T] (T includes the q new columns) -> boolean [rows, 1, q, T] (True = attend), or None when
+        SDPA needs none: nothing padded and the queries are one decode position or the whole (causal) prompt.
+        `window` limits how far back a query sees (sliding-window layers); `dense` always builds the tensor."""
         width = mask.shape[1]
+        if not dense and (q == 1 or q == width) and (window is None or width <= window) and bool(mask.all()):
+            return None
         key = torch.arange(width, device=mask.device)
-        query = torch.arange(width - q, width, device=mask.device)
-        allowed = key[None, :] <= query[:, None]  # [q, T]
+        # Rows may end at different columns (each row's keys sit in its own slot): a row's q queries are its last
+        # q real columns, and the window counts back from each of them.
+        last = (mask * key).max(1).values  # [rows]
+        query = last[:, None] - q + 1 + torch.arange(q, device=mask.device)  # [rows, q]
+        allowed = key[None, None, :] <= query[:, :, None]  # [rows, q, T]
         if window is not None:
-            allowed &= key[None, :] > query[:, None] - window
-        allowed = allowed[None] & mask[:, None, :].bool()  # [rows, q, T]
-        out = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
-        return out.masked_fill_(~allowed, self._min)[:, None]
+            allowed &= key[None, None, :] > query[:, :, None] - window
+        return (allowed & mask[:, None, :].bool())[:, None]  # [rows, 1, q, T]
 
-    def attention_mask(self, step: StepInputs) -> torch.Tensor | dict[str, torch.Tensor]:
-        """What the backbone takes as attention_mask: one 4-D mask, or one per layer type."""
+    def attention_mask(self, step: StepInputs) -> torch.Tensor | dict[str, torch.Tensor | None] | None:
+        """What the backbone takes as attention_mask: one 4-D mask (or None), or one per layer type."""
         return self.causal_mask(step.mask, step.token_ids.shape[1])
+
+    def chunkable(self, prompt: Prompt) -> bool:
+        """Whether `prompt` may be prefilled in chunks (each chunk attending to the cached columns before it) with
+        the same result as in one forward: where attention is causal and no layer carries a recurrent state (whose
+        prefill kernels take a whole prompt), as the cache kind says."""
+        return self.cache.chunkable
 
     def forward_kwargs(self, step: StepInputs, embeds: torch.Tensor) -> dict[str, Any]:
         """Extra backbone inputs computed from the IDs (e.g. Gemma 4's per-layer inputs)."""

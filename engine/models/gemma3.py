@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import ModelFamily, Prompt, StepInputs, check_float, check_names, feature_rows
 from splice.errors import FailedPrecondition, InvalidArgument
 
 
@@ -69,25 +69,30 @@ class Gemma3(ModelFamily):
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         return feature_rows(self.model.get_image_features(pixel_values=pv))  # [images * tokens_per_image, hidden]
 
-    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor]:
+    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         """Causal, and causal within the window for sliding layers; at prefill, positions of one image also see
         that image's later positions (in sliding layers too: the window only limits how far back a query sees).
         Different images never see each other's future."""
         q = step.token_ids.shape[1]
-        full = self.causal_mask(step.mask, q)  # [rows, 1, q, T]
-        sliding = self.causal_mask(step.mask, q, window=self.window)
-        if step.image_mask is not None and bool(step.image_mask.any()):
+        images = step.image_mask is not None and bool(step.image_mask.any())
+        full = self.causal_mask(step.mask, q, dense=images)  # [rows, 1, q, T] bool, or None
+        sliding = self.causal_mask(step.mask, q, window=self.window, dense=images)
+        if images:
             width = step.mask.shape[1]
             blocks = image_blocks(step.image_mask)  # [rows, q]
             keys = torch.nn.functional.pad(blocks, (width - q, 0), value=-1)  # [rows, T]; cached columns are text
             same = (blocks[:, :, None] == keys[:, None, :]) & (blocks[:, :, None] >= 0)  # [rows, q, T]
-            full.masked_fill_(same[:, None], 0)
+            full.masked_fill_(same[:, None], True)
             if self.window is not None:
                 key = torch.arange(width, device=step.mask.device)
                 query = torch.arange(width - q, width, device=step.mask.device)
                 same &= (key[None, :] > query[:, None] - self.window)[None]
-            sliding.masked_fill_(same[:, None], 0)
+            sliding.masked_fill_(same[:, None], True)
         return {"full_attention": full, "sliding_attention": sliding}
+
+    def chunkable(self, prompt: Prompt) -> bool:
+        """Not with images: each image run sees itself both ways at prefill, which a chunk boundary could cut."""
+        return not bool(prompt.image_mask.any())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden).float()

@@ -7,7 +7,7 @@ What it needs beyond the defaults, each as HF's Gemma4Model does it:
 - sliding-window layers: one mask per layer type, the sliding one limited to `sliding_window` keys;
 - KV-shared layers: the last layers reuse the keys/values of the last earlier layer of their type within the same
   forward and never write to the cache, so the cache holds only the producing layers, every one a full (not
-  sliding) key/value layer here: the padded cache's join/leave serve it unchanged, the mask does the windowing;
+  sliding) key/value layer here: the slot cache (slot_cache.py) serves it unchanged, the mask does the windowing;
 - final logit softcapping;
 - images of a variable number of soft tokens: patches padded to the processor's budget with position (-1, -1),
   pooled k x k into one row each. Text positions are plain 0..P-1 (images take no special position ids).
@@ -101,7 +101,7 @@ class Gemma4(ModelFamily):
         pos = inputs["image_position_ids"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.model.get_image_features(pv, pos))  # [soft tokens of all images, hidden]
 
-    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor]:
+    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         q = step.token_ids.shape[1]
         masks = {"full_attention": self.causal_mask(step.mask, q)}
         if "sliding_attention" in self.layer_types:

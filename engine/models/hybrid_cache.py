@@ -1,10 +1,12 @@
 """Row operations of a hybrid cache: attention layers beside layers with a recurrent state.
 
-transformers builds such a cache from the config (`DynamicCache(config=...)`): key/value layers
-([rows, kv_heads, T, head_dim], left-padded to a common T, as in padded_cache.py), linear-attention, conv
-and SSM layers (`conv_states` / `recurrent_states`, one tensor per state index, batch first and no time
-axis) and placeholder layers holding nothing. A row's recurrent state summarizes its whole past, so
-joining concatenates rows and leaving keeps rows: there are no columns to pad or trim.
+transformers builds such a cache from the config (`DynamicCache(config=...)`): key/value layers, linear-attention,
+conv and SSM layers (`conv_states` / `recurrent_states`, one tensor per state index, batch first and no time axis)
+and placeholder layers holding nothing. Here its key/value layers are the batch's slot layers
+(engine/models/slot_cache.py); the states are kept in slot order beside them. A row's recurrent state summarizes
+its whole past, so there are no columns: a prefill runs on a fresh cache (new states, the shared slot layers),
+joining appends its state rows, and a leaving row's slot takes the last row's state (one row copied) before the
+state tensors are cut to the rows in use (a view). The model itself rewrites every state on every step.
 
 The state is only right if left padding never entered it: those layers take the 2-D padding mask of the
 new positions (`recurrent_mask`), which zeroes padded inputs, not the 4-D attention mask.
@@ -16,13 +18,14 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 from engine.models.base import StepInputs
-from engine.models.padded_cache import left_pad
+from engine.models.slot_cache import SlotKV
 
 
-def _has_kv(layer: Any) -> bool:
-    return getattr(layer, "keys", None) is not None
+def _is_kv(layer: Any) -> bool:
+    return isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
 
 
 def _state_dicts(layer: Any) -> list[dict[int, torch.Tensor | None]]:
@@ -31,37 +34,49 @@ def _state_dicts(layer: Any) -> list[dict[int, torch.Tensor | None]]:
 
 
 class HybridCache:
-    """new / join / leave for caches mixing key/value layers, recurrent-state layers and placeholders."""
+    """Caches mixing key/value layers (the slots'), recurrent-state layers and placeholders."""
+
+    chunkable = False  # transformers' recurrent layers prefill a whole prompt from an empty state
 
     def __init__(self, config: Any) -> None:
         self.config = config  # the model's config: which layer holds what
 
-    def new(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+    def new(self, kv: SlotKV) -> DynamicCache:
+        cache = DynamicCache(config=self.config)
+        for i, layer in enumerate(cache.layers):
+            if _is_kv(layer):
+                cache.layers[i] = kv.layer(i)
+        return cache
 
-    def join(self, a: DynamicCache, b: DynamicCache, pad_a: int, pad_b: int) -> DynamicCache:
-        """Rows of `b` after those of `a`: key/values left-padded by each side's count of columns, states
-        concatenated on the batch dimension."""
-        for la, lb in zip(a.layers, b.layers, strict=True):
-            if _has_kv(la):
-                la.keys = torch.cat([left_pad(la.keys, pad_a, 2), left_pad(lb.keys, pad_b, 2)])
-                la.values = torch.cat([left_pad(la.values, pad_a, 2), left_pad(lb.values, pad_b, 2)])
+    def for_prefill(self, kv: SlotKV, running: DynamicCache | None) -> DynamicCache:
+        """New rows start from empty states: a fresh cache, sharing the running batch's key/value layers."""
+        return self.new(kv)
+
+    def join(self, running: DynamicCache | None, prefilled: DynamicCache) -> DynamicCache:
+        """The prefilled rows' states after the running rows'."""
+        if running is None:
+            return prefilled
+        for la, lb in zip(running.layers, prefilled.layers, strict=True):
             for sa, sb in zip(_state_dicts(la), _state_dicts(lb), strict=True):
-                for i, t in sa.items():
+                for i, t in sb.items():
                     if t is not None:
-                        sa[i] = torch.cat([t, sb[i]])
-        return a
+                        sa[i] = t if sa[i] is None else torch.cat([sa[i], t])
+        return running
 
-    def leave(self, cache: DynamicCache, rows: torch.Tensor, first: int) -> None:
-        """Keeps `rows` (their states, and key/value columns from `first` on); the others' state is freed now."""
+    def move(self, cache: DynamicCache, src: int, dst: int) -> None:
         for layer in cache.layers:
-            if _has_kv(layer):
-                layer.keys = layer.keys[rows, :, first:].contiguous()
-                layer.values = layer.values[rows, :, first:].contiguous()
+            for states in _state_dicts(layer):
+                for t in states.values():
+                    if t is not None:
+                        t[dst] = t[src]
+
+    def truncate(self, cache: DynamicCache, rows: int) -> None:
+        """Keeps the states of the first `rows` slots (a view; the rest is freed with the next join)."""
+        for layer in cache.layers:
             for states in _state_dicts(layer):
                 for i, t in states.items():
                     if t is not None:
-                        states[i] = t[rows].contiguous()
+                        states[i] = t[:rows]
 
     @staticmethod
     def batch_rows(cache: DynamicCache) -> list[int]:
@@ -72,6 +87,9 @@ class HybridCache:
 
 def recurrent_mask(step: StepInputs) -> torch.Tensor | None:
     """[rows, q] 1 = real position of the new ones, for layers with a recurrent state; None when no new position
-    is padding (every decode step), as transformers' create_recurrent_attention_mask gives."""
-    mask = step.mask[:, -step.token_ids.shape[1]:]
-    return None if bool(mask.all()) else mask.contiguous()
+    is padding (every decode step), as transformers' create_recurrent_attention_mask gives. Only a prefill pads
+    (on the left, so its new positions are the mask's last q columns); a decode step's rows end at different
+    columns, but its one new position per row is always real."""
+    q = step.token_ids.shape[1]
+    mask = step.mask[:, -q:]
+    return None if q == 1 or bool(mask.all()) else mask.contiguous()

@@ -86,6 +86,6 @@ class NemotronH(ModelFamily):
         grid = inputs["image_grid_hw"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.get_image_features(pv, grid))  # [patches / merge**2, hidden]
 
-    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor]:
+    def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         return {"full_attention": self.causal_mask(step.mask, step.token_ids.shape[1]),
                 "linear_attention": recurrent_mask(step)}

@@ -106,3 +106,29 @@ def test_sequence_stops_on_eos_stop_ids_and_length():
     lp = seq(4, logprobs=True)
     lp.append(7, -1.5)
     assert lp.logprobs == [-1.5] and lp.total_len == 5
+
+
+def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill():
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
+    a = seq(4)
+    s.add(a)
+    assert s.schedule().prefill == [a]
+    arrivals = [seq(5, f"n{i}") for i in range(3)] + [seq(30, "long")]
+    for x in arrivals:
+        s.add(x)
+    out = s.schedule()
+    assert out.decode == [a] and out.prefill == arrivals[:2]  # 2 x 5 padded positions fit in 12, 3 x 5 do not
+    out = s.schedule()
+    assert out.decode == [a, *arrivals[:2]] and out.prefill == [arrivals[2]]
+    out = s.schedule()  # longer than the budget: admitted alone, prefilled 12 positions per step
+    assert not out.prefill and out.chunk.seq is arrivals[3] and (out.chunk.start, out.chunk.end) == (0, 12)
+    assert len(out.decode) == 4 and arrivals[3].status is SeqStatus.RUNNING
+    s.add(late := seq(2, "late"))
+    s.chunk_done(arrivals[3], 12)
+    out = s.schedule()  # nothing else is admitted meanwhile
+    assert not out.prefill and (out.chunk.start, out.chunk.end) == (12, 24) and len(out.decode) == 4
+    s.chunk_done(arrivals[3], 24)
+    assert (s.schedule().chunk.start, s.schedule().chunk.end) == (24, 30)
+    s.chunk_done(arrivals[3], 30)
+    out = s.schedule()
+    assert out.chunk is None and out.prefill == [late] and arrivals[3] in out.decode

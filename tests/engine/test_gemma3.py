@@ -39,7 +39,8 @@ class OneCausalMask(Gemma3):
     """Counterfactual: one causal mask for every layer, sliding ones included."""
 
     def attention_mask(self, step: StepInputs) -> torch.Tensor:
-        return ModelFamily.attention_mask(self, step)
+        # dense: given no mask at all, HF would build its own per-layer-type masks (the sliding one included)
+        return self.causal_mask(step.mask, step.token_ids.shape[1], dense=True)
 
 
 class CausalImages(Gemma3):
@@ -83,7 +84,7 @@ def test_an_image_never_sees_a_later_image(engine):
     step = StepInputs(torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 7, dtype=torch.long), image_mask,
                       torch.zeros_like(image_mask))
     for layer_type, mask in engine.m.family.attention_mask(step).items():
-        sees = mask[0, 0] == 0  # [q, T]
+        sees = mask[0, 0]  # [q, T] bool, True = attends
         assert sees[1, 2] and sees[4, 5], layer_type  # inside one image: both ways
         assert not sees[1, 4] and not sees[2, 5] and not sees[1, 3], layer_type  # not the text or image after it
         assert sees[5, 1] and not sees[3, 4], layer_type  # a later image sees an earlier one; text stays causal

@@ -48,7 +48,10 @@ class WithoutRecurrentMask(NemotronH):
     """The 4-D mask only, as an attention-only family would pass it: the Mamba layers then get no mask."""
 
     def attention_mask(self, step):
-        return {"full_attention": super().attention_mask(step)["full_attention"]}
+        full = super().attention_mask(step)["full_attention"]  # boolean, or None when nothing is padded
+        if full is not None:  # additive, as it used to be: a padded query then attends to its padding uniformly
+            full = torch.zeros(full.shape, dtype=self.dtype).masked_fill_(~full, torch.finfo(self.dtype).min)
+        return {"full_attention": full}
 
 
 def _rows(cache) -> set[int]:

@@ -1,9 +1,12 @@
 """TLS with client certificates (mTLS) on both hops and bearer keys (public API: gRPC and HTTP; engine: its own
-key), with certificates made at test time; health stays open."""
+key), with certificates made at test time; health stays open; `splice up` sets all of it up in one command."""
 
 from __future__ import annotations
 
+import os
+import signal
 import ssl
+import time
 
 import grpc
 import httpx
@@ -11,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.launch import start
+from bench.up import Up
 from clients import ClientTLS, SpliceClient, SpliceClientError
 from splice.v1 import common_pb2, engine_pb2_grpc
 from tests.certs import Authority
@@ -103,3 +107,71 @@ def test_splice_chat_with_tls_and_key(secure_stack, capsys):
     assert "finish_reason=" in capsys.readouterr().err
     assert main(args) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_splice_up_runs_both_hops_over_mtls_with_keys_and_restarts_them_so(tiny_dirs, tmp_path):
+    """One `splice up` command secures the whole stack; a killed engine comes back with its TLS and key."""
+    ca = Authority(tmp_path)
+    server, engine_cert, client = (ca.issue("server", server=True), ca.issue("engine", server=True),
+                                   ca.issue("client", server=False))
+    link = ca.issue("preprocessor", server=False)
+    up = Up("--port", "0", "--engine-port", "0", "--http-port", "0",
+            "--tls-cert", str(server.cert), "--tls-key", str(server.key), "--tls-ca", str(ca.pem),
+            "--engine-server-cert", str(engine_cert.cert), "--engine-server-key", str(engine_cert.key),
+            "--engine-tls-ca", str(ca.pem), "--engine-tls-cert", str(link.cert), "--engine-tls-key", str(link.key),
+            "--api-key", PUBLIC_KEY, "--engine-api-key", ENGINE_KEY, model=MODEL)
+    try:
+        line = up.wait_ready()
+        assert "https://" in line and "(public API mTLS, public API key, engine link mTLS, engine key)" in line, line
+        for service in ("engine", "preprocessor"):  # keys reach the services through their environment
+            assert PUBLIC_KEY not in up.child(service)[1] and ENGINE_KEY not in up.child(service)[1]
+        _served_only_with_tls_and_key(up.address, ca, client)
+        with grpc.secure_channel(up.engine_address, _tls(ca, link).credentials()) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                engine_pb2_grpc.EngineStub(channel).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with grpc.insecure_channel(up.engine_address) as channel, pytest.raises(grpc.RpcError) as err:
+            engine_pb2_grpc.EngineStub(channel).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        os.kill(up.child("engine")[0], signal.SIGKILL)
+        up.read_until("splice up: engine serving again", timeout=120)
+        with SpliceClient(up.address, timeout=30, tls=_tls(ca, client), api_key=PUBLIC_KEY) as ok:
+            deadline = time.monotonic() + 60
+            while True:  # the preprocessor finds the engine again within its poll interval
+                try:
+                    assert list(ok.chat(HI, max_tokens=2))[-1].finish_reason in ("stop", "length")
+                    break
+                except SpliceClientError as exc:
+                    assert exc.code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, exc
+                    time.sleep(0.2)
+        assert up.stop() == 0
+    finally:
+        up.kill()
+
+
+def _served_only_with_tls_and_key(address: str, ca: Authority, client) -> None:
+    with SpliceClient(address, timeout=60, tls=_tls(ca, client), api_key=PUBLIC_KEY) as ok:
+        chunks = list(ok.chat(HI, max_tokens=3))
+    assert chunks[-1].finish_reason in ("stop", "length")
+    assert sum(len(c.token_ids) for c in chunks) == chunks[-1].usage.completion_tokens
+    for kwargs, code in (({"tls": _tls(ca, client)}, grpc.StatusCode.UNAUTHENTICATED),
+                         ({"api_key": PUBLIC_KEY}, grpc.StatusCode.UNAVAILABLE)):  # plaintext
+        with SpliceClient(address, timeout=10, **kwargs) as bad, pytest.raises(SpliceClientError) as err:
+            list(bad.chat(HI, max_tokens=1))
+        assert err.value.code == code, (kwargs, err.value)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--engine-server-cert", "e.pem", "--engine-server-key", "e.key"], "needs --engine-tls-ca"),
+    (["--engine-tls-ca", "ca.pem"], "needs --engine-server-cert"),
+    (["--engine-server-cert", "e.pem"], "both --engine-server-cert and --engine-server-key"),
+    (["--engine-server-cert", "e.pem", "--engine-server-key", "e.key", "--engine-tls-ca", "system",
+      "--engine-tls-cert", "c.pem", "--engine-tls-key", "c.key"], "not 'system'"),
+])
+def test_splice_up_refuses_an_engine_link_that_cannot_work_in_one_line(flags, says, capsys):
+    from app.cli import main
+
+    assert main(["up", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err

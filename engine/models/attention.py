@@ -1,0 +1,42 @@
+"""The attention function the engine's models run: transformers' SDPA, but grouped-query attention with a mask
+goes to torch's SDPA with enable_gqa=True instead of copying K/V once per query group in every layer.
+
+transformers' sdpa_attention_forward keeps K/V grouped only when there is no mask or a single query position; a
+masked prefill (left-padded rows, a chunk of a long prompt, Gemma 3's image blocks) repeats K/V per group. torch
+2.13's CPU SDPA takes enable_gqa with an attention mask and gives the same numbers as the repeat (checked in
+tests/engine/test_attention.py). Everything else is transformers' own function unchanged, and masks for it are
+built by transformers' own SDPA mask function (registered under the same name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "splice_sdpa"
+
+
+def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query [rows, heads, q, d], key/value [rows, kv_heads, T, d] -> ([rows, q, heads, d], None)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    q = query.shape[2]
+    if (attention_mask is None or q == 1 or groups == 1 or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_sdpa(model: torch.nn.Module) -> None:
+    """Switches `model` (loaded with attn_implementation="sdpa") to grouped_sdpa, registering it once."""
+    AttentionInterface.register(NAME, grouped_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    model.set_attn_implementation(NAME)

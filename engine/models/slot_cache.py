@@ -1,0 +1,212 @@
+"""Key/value storage whose rows stay where they are while other rows join and leave (one slot per sequence).
+
+Every attention layer owns two preallocated buffers [slots, kv_heads, columns, head_dim], grown by doubling (so
+growing is amortized, never a torch.cat per step). A sequence lives in one slot: its real keys are the columns
+[start, end) of that slot (start > 0 when it was left-padded in a group prefill), and its next token is written at
+column `end`. Keys are cached after RoPE, so the columns of different rows need not line up: the attention mask says
+which columns of each row are real, and is omitted when every row spans the same columns.
+
+- A forward is planned first (`plan_prefill` / `plan_decode`): which slots it covers, where each row writes, how
+  many columns attention reads. Each layer's `update` writes there and returns views of the buffers.
+- New rows go to the next free slots; a leaving row's slot is filled by moving the last row into it (that one row's
+  columns copied, nothing else moves) and the slot count shrinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+@dataclass
+class Plan:
+    """Where the next forward writes: slots [first, first + count), the q new columns of each row starting at `col`
+    (or at cols[i] per row, decode only), attention reading columns [0, width)."""
+
+    first: int = 0
+    count: int = 0
+    col: int = 0
+    cols: torch.Tensor | None = None  # [count] long, when rows write at different columns
+    width: int = 0
+    q: int = 0
+
+    @property
+    def past(self) -> int:
+        """Columns before the new ones (what transformers reads as the cache's sequence length)."""
+        return self.width - self.q
+
+
+class SlotKV:
+    """The slot table and the per-layer buffers of one running batch."""
+
+    def __init__(self) -> None:
+        self.start: list[int] = []  # per slot in use: first real column
+        self.end: list[int] = []  # per slot in use: next free column (one past the last real one)
+        self.plan = Plan()
+        self.layers: dict[int, SlotLayer] = {}  # layer index -> its buffers (attention layers that wrote)
+
+    @property
+    def rows(self) -> int:
+        return len(self.end)
+
+    @property
+    def width(self) -> int:
+        """Columns the rows in use span: max end."""
+        return max(self.end, default=0)
+
+    def layer(self, idx: int) -> SlotLayer:
+        if idx not in self.layers:
+            self.layers[idx] = SlotLayer(self)
+        return self.layers[idx]
+
+    # --- planning (the runner, before each forward) --------------------------------------------------
+
+    def plan_prefill(self, count: int, q: int, past: int = 0, first: int | None = None) -> None:
+        """`count` rows of q new columns at columns [past, past + q): new slots after the rows in use, or the slots
+        from `first` (a long prompt continued chunk by chunk)."""
+        first = self.rows if first is None else first
+        self.plan = Plan(first, count, past, None, past + q, q)
+
+    def plan_decode(self) -> None:
+        """One new column for every row in use, each at its own end."""
+        col = self.end[0] if len(set(self.end)) == 1 else None
+        cols = None if col is not None else torch.tensor(self.end)
+        self.plan = Plan(0, self.rows, col or 0, cols, self.width + 1, 1)
+
+    def key_mask(self, q: int) -> torch.Tensor:
+        """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask)."""
+        col = torch.arange(self.width + q)
+        start, end = torch.tensor(self.start), torch.tensor(self.end)
+        return ((col[None] >= start[:, None]) & (col[None] < end[:, None] + q)).long()
+
+    # --- rows ----------------------------------------------------------------------------------------
+
+    def add_rows(self, starts: list[int], ends: list[int]) -> None:
+        """Records the rows a planned prefill wrote in new slots."""
+        self.start += starts
+        self.end += ends
+
+    def advance(self, q: int = 1) -> None:
+        self.end = [e + q for e in self.end]
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot `src`'s row into slot `dst` (only its columns are copied)."""
+        self.copy_columns(src, dst, self.end[src])
+        self.start[dst], self.end[dst] = self.start[src], self.end[src]
+
+    def copy_columns(self, src: int, dst: int, width: int) -> None:
+        """Columns [0, width) of slot `src` into slot `dst`, in every layer (a row not in the table yet, too)."""
+        for layer in self.layers.values():
+            layer.copy_row(src, dst, width)
+
+    def pop(self) -> None:
+        """Frees the last slot."""
+        self.start.pop()
+        self.end.pop()
+
+    def refresh(self) -> None:
+        """Points every layer's `keys` / `values` at the rows and columns in use (views, no copy)."""
+        for layer in self.layers.values():
+            layer.show(self.rows, self.width)
+
+
+class SlotLayer(DynamicLayer):
+    """One attention layer's buffers; `update` writes where the plan says and returns the columns to attend."""
+
+    def __init__(self, kv: SlotKV) -> None:
+        super().__init__()
+        self.kv = kv
+        self.k_buf: torch.Tensor | None = None  # [slot capacity, kv_heads, column capacity, head_dim]
+        self.v_buf: torch.Tensor | None = None
+
+    def _reserve(self, like: torch.Tensor, slots: int, width: int) -> None:
+        """Buffers holding `slots` slots and `width` columns, doubled (and the old content copied) when too small."""
+        if self.k_buf is not None and slots <= self.k_buf.shape[0] and width <= self.k_buf.shape[2]:
+            return
+        old_k, old_v = self.k_buf, self.v_buf
+        if old_k is None:
+            shape = [slots, like.shape[1], width, like.shape[3]]
+        else:
+            n, cap = old_k.shape[0], old_k.shape[2]
+            shape = [n if slots <= n else max(slots, 2 * n), like.shape[1],
+                     cap if width <= cap else max(width, 2 * cap), like.shape[3]]
+        self.k_buf = like.new_zeros(shape)
+        self.v_buf = like.new_zeros(shape)
+        if old_k is not None:
+            self.k_buf[:old_k.shape[0], :, :old_k.shape[2]] = old_k
+            self.v_buf[:old_v.shape[0], :, :old_v.shape[2]] = old_v
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """key/value_states [count, kv_heads, q, head_dim] -> views [count, kv_heads, width, head_dim]."""
+        p = self.kv.plan
+        last = p.first + p.count
+        self._reserve(key_states, last, p.width)
+        if p.cols is None:
+            q = key_states.shape[2]
+            self.k_buf[p.first:last, :, p.col:p.col + q] = key_states
+            self.v_buf[p.first:last, :, p.col:p.col + q] = value_states
+        else:  # one column per row, each at its own place
+            rows = torch.arange(p.first, last, device=key_states.device)
+            self.k_buf[rows, :, p.cols] = key_states[:, :, 0]
+            self.v_buf[rows, :, p.cols] = value_states[:, :, 0]
+        self.keys = self.k_buf[p.first:last, :, :p.width]
+        self.values = self.v_buf[p.first:last, :, :p.width]
+        return self.keys, self.values
+
+    def copy_row(self, src: int, dst: int, width: int) -> None:
+        if self.k_buf is not None:
+            self.k_buf[dst, :, :width] = self.k_buf[src, :, :width]
+            self.v_buf[dst, :, :width] = self.v_buf[src, :, :width]
+
+    def show(self, rows: int, width: int) -> None:
+        if self.k_buf is not None:
+            self.keys = self.k_buf[:rows, :, :width]
+            self.values = self.v_buf[:rows, :, :width]
+
+    def get_seq_length(self) -> int:
+        return self.kv.plan.past
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.kv.plan.past + query_length, 0
+
+
+class SlotCache(Cache):
+    """The cache a forward sees for a family whose every cached layer is a key/value layer: layer i is the
+    SlotKV's layer i, created when that layer first writes (layers that reuse another's keys never do)."""
+
+    def __init__(self, kv: SlotKV) -> None:
+        super().__init__(layers=[])
+        self.kv = kv
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.layers) <= layer_idx:
+            self.layers.append(self.kv.layer(len(self.layers)))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+class SlotKVCache:
+    """Row operations of a family whose cache is key/value layers only: nothing beyond the SlotKV's own."""
+
+    chunkable = True  # a long prompt may be prefilled chunk by chunk, each chunk attending to the columns before it
+
+    def new(self, kv: SlotKV) -> Cache:
+        return SlotCache(kv)
+
+    def for_prefill(self, kv: SlotKV, running: Cache | None) -> Cache:
+        """The cache a prefill of new rows runs on: the running one (new rows only touch new slots)."""
+        return running if running is not None else self.new(kv)
+
+    def join(self, running: Cache | None, prefilled: Cache) -> Cache:
+        return prefilled
+
+    def move(self, cache: Cache, src: int, dst: int) -> None:
+        pass
+
+    def truncate(self, cache: Cache, rows: int) -> None:
+        pass
