@@ -18,3 +18,14 @@ def report(what: str, ours: Sequence[float], base: Sequence[float], unit: str, r
     print(f"{what}: ours {spread(ours)} {unit} | baseline {spread(base)} {unit} | {ratio_of} {ratio:.2f} "
           f"(n={len(ours)})", flush=True)
     return ratio
+
+
+def report_paired(what: str, ours: Sequence[float], base: Sequence[float], unit: str) -> float:
+    """As `report`, for a baseline measured inside the same repeat as ours: the ratio is taken per repeat
+    (ours[i] / base[i]) and printed as median [min..max] of those ratios, so a slow repeat does not pair its
+    figure with another repeat's baseline."""
+    ratios = [o / b for o, b in zip(ours, base, strict=True)]
+    ratio = statistics.median(ratios)
+    print(f"{what}: ours {spread(ours)} {unit} | baseline {spread(base)} {unit} | ours/base per repeat "
+          f"{spread(ratios)} (n={len(ours)})", flush=True)
+    return ratio

@@ -1,22 +1,21 @@
 """The engine: schedule -> run -> sample -> emit, on a dedicated thread; an asyncio API on top.
 
     engine = LLMEngine(EngineConfig(model=folder)); engine.start(); await engine.warmup()
-    async for out in engine.generate(request): ...      # EngineOutput per step, the last one finished
+    async for out in engine.generate(request): ...      # EngineOutput per step (merged if the reader lags)
     engine.abort(request_id)                            # or just stop iterating / cancel the task
 
 Torch runs only on the engine thread, so the event loop (health checks, cancellations, new requests)
-never waits for a forward. Aborts are drained at every step boundary, before the next forward.
+never waits for a forward. Aborts are drained at every step boundary, before the next forward. A step's
+outputs reach each event loop in one hand-off (engine/outbox.py), not one per token.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +24,7 @@ from engine.loader import LoadedModel, load
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner
 from engine.models import Prompt
+from engine.outbox import Listener, Outbox
 from engine.sampler import make_generator, sample
 from engine.scheduler import PrefillChunk, Scheduler
 from engine.sequence import Sequence
@@ -46,13 +46,6 @@ class Cancelled(SpliceError):
     code = "CANCELLED"
 
 
-@dataclass
-class _Listener:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue  # EngineOutput | BaseException
-    arrival: float = 0.0  # time.perf_counter() when generate() was called: time to first token
-
-
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.cfg = cfg
@@ -70,7 +63,8 @@ class LLMEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._seqs: dict[int, Sequence] = {}  # seq_id -> live sequence
-        self._listeners: dict[int, _Listener] = {}  # seq_id -> where its outputs go
+        self._listeners: dict[int, Listener] = {}  # seq_id -> where its outputs go
+        self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self.steps = 0  # forwards run; tests and metrics read it
         self.stats: EngineStats = EngineStats()  # Prometheus recording, per step or per request
@@ -110,6 +104,7 @@ class LLMEngine:
             for seq in list(self._seqs.values()):
                 self.scheduler.finish(seq, FinishReason.ERROR, Unavailable("engine stopped"))
                 self._release(seq)
+        self._flush()
 
     async def warmup(self) -> None:
         """One tiny greedy request through the whole path (allocations, kernels) before serving."""
@@ -124,7 +119,8 @@ class LLMEngine:
     # --- async API -------------------------------------------------------------------------------
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Validates and queues `req`; yields one EngineOutput per step. Raises SpliceError on bad input."""
+        """Validates and queues `req`; yields one EngineOutput per step, or the outputs of several steps merged
+        into one when the caller was not waiting (it fell behind). Raises SpliceError on bad input."""
         if self._thread is None:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
@@ -132,7 +128,7 @@ class LLMEngine:
         await asyncio.to_thread(validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
-        listener = _Listener(asyncio.get_running_loop(), asyncio.Queue(), arrival)
+        listener = Listener(asyncio.get_running_loop(), arrival)
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self._seqs[seq.seq_id] = seq
@@ -140,12 +136,13 @@ class LLMEngine:
         self._wake.set()
         try:
             while True:
-                item = await listener.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
+                out, error = await listener.take()
+                if out is not None:
+                    yield out
+                    if out.finished:
+                        return
+                if error is not None:
+                    raise error
         finally:
             # the caller stopped listening (cancelled, closed the generator, or we are done)
             if not seq.is_finished:
@@ -187,6 +184,7 @@ class LLMEngine:
             # read now: a sequence that finishes in its prefill may lose its listener before the step ends
             arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None
                         for s in [*out.prefill, *([out.chunk.seq] if out.chunk else [])]]
+        self._flush()  # the aborted ones' ends go out now, not after the forward
         self.runner.remove({s.seq_id for s in aborted})
         if out.is_empty:
             return False
@@ -300,16 +298,25 @@ class LLMEngine:
                 self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage))
                 if reason is not None:
                     self._release(seq)
+        # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its
+        # prefill runs
+        self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
 
     def _emit(self, seq: Sequence, item: EngineOutput | BaseException) -> None:
+        """Collected; `_flush` hands it over with the rest of the step."""
         listener = self._listeners.get(seq.seq_id)
         if listener is not None:
-            with contextlib.suppress(RuntimeError):  # the listener's event loop is already closed
-                listener.loop.call_soon_threadsafe(listener.queue.put_nowait, item)
+            self._outbox.put(listener, item)
+
+    def _flush(self) -> None:
+        """Lock not held. Sends what `_emit` collected: one call_soon_threadsafe per event loop."""
+        with self._lock:
+            by_loop = self._outbox.take()
+        Outbox.send(by_loop)
 
     def _release(self, seq: Sequence) -> None:
         """`seq` has finished: end its stream (an error or an abort ends it with an exception), forget it."""
@@ -327,6 +334,7 @@ class LLMEngine:
             for seq in seqs:
                 self.scheduler.finish(seq, FinishReason.ERROR, exc)
                 self._release(seq)
+        self._flush()
         self.runner.remove({s.seq_id for s in seqs})
 
     def _fail_running(self, exc: BaseException) -> None:

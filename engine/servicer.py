@@ -56,7 +56,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         """The next request part, or None at the end; a stream silent for upload_idle_timeout fails, which
         releases whatever budget its call holds (what it sent before it went silent)."""
         try:
-            return await asyncio.wait_for(anext(parts, None), self.upload_idle_timeout)
+            # a timeout scope, not wait_for: no extra task per part (a header-only request reads two "parts")
+            async with asyncio.timeout(self.upload_idle_timeout):
+                return await anext(parts, None)
         except TimeoutError:
             raise DeadlineExceeded(f"the Generate stream sent nothing for {self.upload_idle_timeout:g} s after "
                                    f"{received} parts; its upload is abandoned (--upload-idle-timeout)") from None

@@ -11,7 +11,7 @@ embedding table is padded) decode to nothing, whatever skip_special_tokens says.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 REPLACEMENT = "\ufffd"
 
@@ -37,6 +37,23 @@ class IncrementalDetokenizer:
         now = self._decode(self._ids[self._prefix:])
         if len(now) <= len(before) or now.endswith(REPLACEMENT):
             return ""  # nothing new, or a character still waits for its remaining bytes
+        self._prefix, self._read = self._read, len(self._ids)
+        return now[len(before):]
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        """Text completed by several tokens at once (a merged engine output): two decodes for the lot instead
+        of two per token. Equal to joining `push` of each; an incomplete character at the end of the lot
+        falls back to token by token, so the text before it is not held back."""
+        kept = [t for t in token_ids if t not in self._drop]
+        if len(kept) <= 1:
+            return self.push(kept[0]) if kept else ""
+        before = self._decode(self._ids[self._prefix:self._read])
+        now = self._decode(self._ids[self._prefix:] + kept)
+        if now.endswith(REPLACEMENT):
+            return "".join([self.push(t) for t in kept])
+        self._ids += kept
+        if len(now) <= len(before):
+            return ""
         self._prefix, self._read = self._read, len(self._ids)
         return now[len(before):]
 

@@ -24,10 +24,12 @@ class GenerationChunk:
         return self.finish_reason is not None
 
     def to_pb(self) -> preprocessor_pb2.GenerationChunk:
-        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=list(self.token_ids),
-                                              logprobs=list(self.logprobs),
-                                              finish_reason=finish_reason_to_pb(self.finish_reason),
-                                              stop_reason=self.stop_reason)
+        # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
+        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs)
+        if self.finish_reason is not None:
+            pb.finish_reason = finish_reason_to_pb(self.finish_reason)
+        if self.stop_reason:
+            pb.stop_reason = self.stop_reason
         if self.usage is not None:
             pb.usage.CopyFrom(self.usage.to_pb())
         return pb

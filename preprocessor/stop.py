@@ -11,6 +11,11 @@ class StopMatcher:
         self._pending = ""  # text not yet released; never longer than the longest stop string - 1 between calls
         self.matched: str | None = None  # the stop string that ended the output
 
+    @property
+    def active(self) -> bool:
+        """There are stop strings to look for."""
+        return bool(self._stops)
+
     def push(self, text: str) -> str:
         """Text safe to release after appending `text`; once a stop string matched, everything is dropped."""
         if self.matched is not None:

@@ -21,7 +21,9 @@ class EngineBackend(Protocol):
 
 async def stream_generation(request: EngineRequest, engine: EngineBackend, tokenizer,
                             drop_ids: Collection[int] = ()) -> AsyncIterator[GenerationChunk]:
-    """`drop_ids` (the sentinel IDs) are streamed as IDs but never decoded to text."""
+    """One GenerationChunk per engine output: an output carrying several tokens (the engine merged the steps of
+    a reader that fell behind) becomes one chunk with their text merged. `drop_ids` (the sentinel IDs) are
+    streamed as IDs but never decoded to text."""
     sampling = request.sampling
     detok = IncrementalDetokenizer(tokenizer, sampling.skip_special_tokens, drop_ids)
     stops = StopMatcher(sampling.stop)
@@ -29,31 +31,43 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
     outputs = engine.generate(request)
     try:
         async for out in outputs:
-            texts: list[str] = []
-            ids: list[int] = []
-            logprobs: list[float] = []
-            for i, token in enumerate(out.token_ids):
-                ids.append(token)
-                produced += 1
-                if i < len(out.logprobs):
-                    logprobs.append(out.logprobs[i])
-                texts.append(stops.push(detok.push(token)))
+            if stops.active and len(out.token_ids) > 1:
+                # token by token: the chunk must end at the token that completed the stop string
+                text, stopped = _push_with_stops(out, detok, stops, request.prompt_len, produced)
+                if stopped is not None:
+                    yield stopped
+                    return
+            else:
+                text = stops.push(detok.push_many(out.token_ids))
                 if stops.matched is not None:
                     # Returning closes `outputs`, which cancels the engine call: nothing more is needed.
-                    yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs), FinishReason.STOP,
-                                          Usage(request.prompt_len, produced), stops.matched)
+                    yield GenerationChunk(text, out.token_ids, out.logprobs, FinishReason.STOP,
+                                          Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched)
                     return
+            produced += len(out.token_ids)
             if out.finish_reason is not None:
-                texts.append(stops.push(detok.flush()))
+                text += stops.push(detok.flush())
                 if stops.matched is None:
-                    texts.append(stops.flush())
+                    text += stops.flush()
                 usage = out.usage or Usage(request.prompt_len, produced)
                 reason = FinishReason.STOP if stops.matched is not None else out.finish_reason
-                yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs), reason, usage,
-                                      stops.matched or "")
+                yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "")
                 return
-            if ids:
-                yield GenerationChunk("".join(texts), tuple(ids), tuple(logprobs))
+            if out.token_ids:
+                yield GenerationChunk(text, out.token_ids, out.logprobs)
         raise Unavailable("the engine's stream ended without a final chunk")
     finally:
         await outputs.aclose()
+
+
+def _push_with_stops(out: EngineOutput, detok: IncrementalDetokenizer, stops: StopMatcher, prompt_len: int,
+                     produced: int) -> tuple[str, GenerationChunk | None]:
+    """Pushes `out`'s tokens one by one: the text released, and the final chunk if a stop string matched (its
+    IDs end at the token that completed it)."""
+    texts: list[str] = []
+    for i, token in enumerate(out.token_ids):
+        texts.append(stops.push(detok.push(token)))
+        if stops.matched is not None:
+            return "", GenerationChunk("".join(texts), out.token_ids[:i + 1], out.logprobs[:i + 1],
+                                       FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched)
+    return "".join(texts), None

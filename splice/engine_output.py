@@ -74,6 +74,18 @@ class EngineOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @classmethod
+    def merge(cls, outputs: list[EngineOutput]) -> EngineOutput:
+        """Consecutive outputs of one stream as one (a reader that fell behind): tokens and logprobs
+        concatenated in order, finish reason and usage from the last. Only the last may be finished."""
+        if len(outputs) == 1:
+            return outputs[0]
+        if any(o.finished for o in outputs[:-1]):
+            raise ValueError("only the last of the merged outputs may be finished")
+        last = outputs[-1]
+        return cls(tuple(t for o in outputs for t in o.token_ids), tuple(lp for o in outputs for lp in o.logprobs),
+                   last.finish_reason, last.usage)
+
     def to_pb(self) -> engine_pb2.GenerateResponse:
         pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs)
         if self.finish_reason is not None:

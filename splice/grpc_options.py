@@ -15,7 +15,20 @@ from splice.errors import FailedPrecondition
 KEEPALIVE_TIME_MS = 10_000  # ping an idle or busy connection this often
 KEEPALIVE_TIMEOUT_MS = 5_000  # no ack within this: the connection is dead, its calls fail UNAVAILABLE
 
+# A small receive window on the streams a client reads (token chunks): when the reader falls behind, the
+# sender's write waits after a few messages instead of filling 64 KiB+ of buffers with single-token messages,
+# so the pending tokens stay with the sender and go out merged into one message (engine/outbox.py). Sized in
+# bytes of messages: a one-token message is ~10 bytes, so a handful of them are in flight. Only the receive
+# side is affected: requests (tensor uploads) travel under the peer's window. Messages larger than the
+# window still pass (gRPC grants what a pending read needs), and without BDP probing the window stays small.
+READER_WINDOW_BYTES = 32
+READER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.http2.lookahead_bytes", READER_WINDOW_BYTES),
+    ("grpc.http2.bdp_probe", 0),
+]
+
 CLIENT_OPTIONS: list[tuple[str, int]] = [
+    *READER_OPTIONS,
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC waits this long (default 60 s) for a ping ack

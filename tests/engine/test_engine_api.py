@@ -118,7 +118,7 @@ async def test_eight_concurrent_greedy_requests_match_their_solo_runs(text_engin
         async for out in engine.generate(r):
             arrivals.append(r.request_id)
             toks += out.token_ids
-            if len(toks) == 2:
+            if len(toks) >= 2:  # a busy loop may get two steps merged into one output
                 early_started.set()
         return toks
 
@@ -167,7 +167,8 @@ async def test_stop_token_ids_and_max_tokens(text_engine):
     assert outs[-1].usage == Usage(6, first + 1)
     toks, outs = await collect(text_engine, text_request(ids, max_tokens=4))
     assert toks == free[:4] and outs[-1].finish_reason is FinishReason.LENGTH
-    assert all(len(o.token_ids) == 1 for o in outs) and all(o.finish_reason is None for o in outs[:-1])
+    # one token per output unless the reader fell behind and got several steps merged
+    assert all(o.token_ids for o in outs) and all(o.finish_reason is None for o in outs[:-1])
 
 
 async def test_context_full_ends_with_length(tiny_dirs):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -31,3 +33,24 @@ async def test_async_client_streams_tokenizes_and_raises(stack, mixed_messages):
         await long.aclose()
         short = [c async for c in client.complete([[1, 2, 3]], temperature=0.0, max_tokens=3, ignore_eos=True)]
         assert first.token_ids and short[-1].usage.completion_tokens == 3
+
+
+async def test_a_client_that_falls_behind_gets_merged_chunks_with_the_same_answer(stack):
+    # Each hop's reader has a small receive window (splice/grpc_options.py): a client that stops reading holds
+    # the preprocessor's writes back, which holds the engine's back, and the tokens waiting meanwhile arrive
+    # merged (IDs concatenated, text deltas joined, finish and usage on the last chunk).
+    _, pre = stack
+    messages = [{"role": "user", "content": "Tell a long story."}]
+    params = dict(temperature=0.0, max_tokens=80, ignore_eos=True)
+    async with AsyncSpliceClient(pre.address, timeout=120) as client:
+        fast = [c async for c in client.chat(messages, **params)]
+        slow = []
+        async for chunk in client.chat(messages, **params):
+            slow.append(chunk)
+            if len(slow) == 1:
+                await asyncio.sleep(3.0)  # the engine finishes the sequence meanwhile
+    ids = [t for c in fast for t in c.token_ids]
+    assert len(ids) == 80 and [t for c in slow for t in c.token_ids] == ids
+    assert "".join(c.text for c in slow) == "".join(c.text for c in fast)
+    assert len(slow) < len(fast) and max(len(c.token_ids) for c in slow) > 1
+    assert slow[-1].finish_reason == "length" and slow[-1].usage == fast[-1].usage

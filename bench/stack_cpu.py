@@ -1,0 +1,73 @@
+"""Where the per-token CPU goes in the stack: CPU seconds per generated token in the engine process, the
+preprocessor process and this (client) process, at N concurrent streams, and how many tokens each client chunk
+carried (above 1 when readers fell behind and the pending tokens were merged).
+
+    python bench/stack_cpu.py [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+
+CPU time is read from /proc for the services and from getrusage for this process, so it counts every thread
+(the engine's forward, gRPC's pollers). Run it on two checkouts back to back to compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from app.launch import start_stack
+from bench.stack_throughput import prompts
+from clients import AsyncSpliceClient
+
+
+def process_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-text")
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams)])
+    try:
+        async with AsyncSpliceClient(pre.address, timeout=600) as client:
+            async def one(ids: list[int], n: int) -> tuple[int, int]:
+                chunks = tokens = 0
+                async for c in client.complete([ids], temperature=0.0, ignore_eos=True, max_tokens=n):
+                    chunks, tokens = chunks + 1, tokens + len(c.token_ids)
+                return chunks, tokens
+
+            batch = prompts(args.streams)
+            await asyncio.gather(*(one(ids, 4) for ids in batch[:4]))  # warm
+            before = (process_cpu(engine.proc.pid), process_cpu(pre.proc.pid), own_cpu())
+            start = time.perf_counter()
+            chunks = tokens = 0
+            for _ in range(args.repeats):
+                for c, t in await asyncio.gather(*(one(ids, args.new_tokens) for ids in batch)):
+                    chunks, tokens = chunks + c, tokens + t
+            wall = time.perf_counter() - start
+            after = (process_cpu(engine.proc.pid), process_cpu(pre.proc.pid), own_cpu())
+        us = [(b - a) / tokens * 1e6 for a, b in zip(before, after, strict=True)]
+        print(f"{args.model}: {tokens} tokens at {args.streams} streams, {tokens / wall:.0f} tok/s, "
+              f"{tokens / chunks:.2f} tokens per client chunk; CPU us/token: engine {us[0]:.0f}, "
+              f"preprocessor {us[1]:.0f}, client {us[2]:.0f}, total {sum(us):.0f}", flush=True)
+    finally:
+        pre.stop()
+        engine.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

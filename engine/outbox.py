@@ -1,0 +1,80 @@
+"""Engine thread -> event loops: one hand-off per step per loop, and one merged output per stream per wake-up.
+
+The engine thread appends (listener, item) pairs while it holds the engine lock; `Outbox.flush` then sends
+each event loop ONE callback carrying all of that loop's pairs, instead of one `call_soon_threadsafe` per
+token per listener. On the loop, each listener keeps a plain list of pending items and at most one waiting
+future: a consumer that was busy (a slow gRPC reader, a saturated loop) finds several outputs pending and
+takes them as one merged EngineOutput, so a reader that falls behind gets fewer, larger messages and never a
+lost or reordered token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from splice.engine_output import EngineOutput
+
+Item = EngineOutput | BaseException  # an exception ends the stream (error, abort, engine stopped)
+
+
+@dataclass(eq=False)
+class Listener:
+    """Where one sequence's outputs go. `pending` and `waiter` are touched only on `loop`."""
+
+    loop: asyncio.AbstractEventLoop
+    arrival: float = 0.0  # time.perf_counter() when generate() was called: time to first token
+    pending: list[Item] = field(default_factory=list)
+    waiter: asyncio.Future | None = None  # set while the consumer waits for the next item
+
+    def deliver(self, item: Item) -> None:
+        """On the loop."""
+        self.pending.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def take(self) -> tuple[EngineOutput | None, BaseException | None]:
+        """Waits for at least one item; returns every pending output merged into one (None if the first item
+        is an exception) and the exception that follows them, if any. Items after an exception never exist:
+        it is the last thing a sequence sends."""
+        while not self.pending:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        items, self.pending = self.pending, []
+        error = items[-1] if isinstance(items[-1], BaseException) else None
+        outputs = items[:-1] if error is not None else items
+        return (EngineOutput.merge(outputs) if outputs else None), error
+
+
+def _deliver_all(batch: list[tuple[Listener, Item]]) -> None:
+    for listener, item in batch:
+        listener.deliver(item)
+
+
+class Outbox:
+    """Collects a step's items on the engine thread (callers hold the engine lock) and hands them over."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Listener, Item]] = []
+
+    def put(self, listener: Listener, item: Item) -> None:
+        self._items.append((listener, item))
+
+    def take(self) -> dict[asyncio.AbstractEventLoop, list[tuple[Listener, Item]]]:
+        """Under the engine lock: everything collected, grouped by event loop (order kept within each)."""
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Listener, Item]]] = {}
+        for pair in items:
+            by_loop.setdefault(pair[0].loop, []).append(pair)
+        return by_loop
+
+    @staticmethod
+    def send(by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Listener, Item]]]) -> None:
+        """Lock not needed: one call_soon_threadsafe per loop."""
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that event loop is already closed
+                loop.call_soon_threadsafe(_deliver_all, batch)
