@@ -1,7 +1,7 @@
 """Row 3: one in-process decode step of ROWS rows x CONTEXT cached positions: the runner vs HF's own unpadded
 step (the model's forward on a DynamicCache of the same prompts, no attention mask), side by side.
 
-    python bench/decode_step.py [--model tiny-text] [--rows 64] [--context 1024] [--steps 10] [--repeats 5]
+    python -m bench.decode_step [--model tiny-text] [--rows 64] [--context 1024] [--steps 10] [--repeats 5]
 
 Every row's prompt has CONTEXT positions (nothing is padded), so both do the same arithmetic; each repeat
 times `steps` greedy steps of each, interleaved, and takes the median step.

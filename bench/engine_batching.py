@@ -1,6 +1,6 @@
 """Aggregate tokens/s of the engine at 1, 8 and 32 concurrent requests against HF `generate`, same process.
 
-    python bench/engine_batching.py [--model tiny-text] [--quick]
+    python -m bench.engine_batching [--model tiny-text] [--quick]
 
 Every request is greedy with ignore_eos and the same number of new tokens; prompt lengths vary. HF runs
 two ways on the same prompts: `hf-serial` (one generate call per request, what serving without batching

@@ -12,7 +12,7 @@
                 oversized uploads. Prints both p99 latencies and their ratio (target: within 2x) and what
                 each kind of hostile request was answered.
 
-    python bench/faults.py [--only kill9,sigstop,preprocessor,hostile] [--streams 8] [--seconds 30]
+    python -m bench.faults [--only kill9,sigstop,preprocessor,hostile] [--streams 8] [--seconds 30]
 
 Exit code 0 when every outcome held (the 2 s and 2x targets are printed, not asserted: timings are figures).
 """

@@ -2,7 +2,7 @@
 messages and structured requests with hostile values. Every answer must be a defined status (never UNKNOWN
 or INTERNAL, which would be a crash path), and the service must serve a good request after each batch.
 
-    python bench/fuzz.py [--target HOST:PORT] [--examples 300] [--seed 0]
+    python -m bench.fuzz [--target HOST:PORT] [--examples 300] [--seed 0]
 
 Without --target it starts its own stack (tiny-idefics3). Prints counts per RPC and status code.
 """

@@ -1,6 +1,6 @@
 """Chat latency through the HTTP face vs the gRPC face of one preprocessor, at concurrency 1 and 32.
 
-    python bench/http_vs_grpc.py [--model tiny-idefics3] [--repeats 5] [--max-tokens 16]
+    python -m bench.http_vs_grpc [--model tiny-idefics3] [--repeats 5] [--max-tokens 16]
 
 One stack (engine + preprocessor with --http-port) serves both faces. Each repeat runs the same greedy
 chat request (ignore_eos, fixed length) as rounds of `concurrency` workers: gRPC Chat (streamed, every

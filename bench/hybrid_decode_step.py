@@ -1,6 +1,6 @@
 """Step time of a 16-row decode batch: the hybrid tiny models against the attention-only tiny-text, one run.
 
-    python bench/hybrid_decode_step.py [--rows 16] [--steps 20] [--repeats 5]
+    python -m bench.hybrid_decode_step [--rows 16] [--steps 20] [--repeats 5]
 
 Each repeat, for each model in turn (interleaved, so drift hits all alike): a fresh runner prefills `rows`
 prompts of different lengths (left-padded together), then `steps` greedy decode steps are timed one by one;

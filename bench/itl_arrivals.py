@@ -1,7 +1,7 @@
 """Row 4: inter-token latency p99 of RUNNING in-process streams while ARRIVING more join, vs the same streams'
 steady state before anyone arrives (the baseline), in one run.
 
-    python bench/itl_arrivals.py [--model tiny-text] [--running 32] [--arriving 32] [--prompt 512] [--repeats 3]
+    python -m bench.itl_arrivals [--model tiny-text] [--running 32] [--arriving 32] [--prompt 512] [--repeats 3]
 
 The running streams have 16-64 token prompts; the arrivals have PROMPT-token prompts and come one every 5 ms.
 Intervals are between consecutive tokens of one running stream, as its consumer on the event loop sees them.

@@ -1,7 +1,7 @@
 """Row 6: peak memory of one prefill of a LEN-token prompt: the engine's runner vs HF's own forward of the same
 prompt (no attention mask), each in a fresh process, measured as peak RSS growth over the loaded model.
 
-    python bench/prompt_memory.py [--model tiny-text] [--len 32768] [--repeats 2]
+    python -m bench.prompt_memory [--model tiny-text] [--len 32768] [--repeats 2]
 """
 
 from __future__ import annotations

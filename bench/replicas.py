@@ -1,7 +1,7 @@
 """Issue 14: aggregate whole-stack tokens/s through one preprocessor with 1 vs 2 engine replicas behind one gRPC
 target (`ipv4:HOST:P1,HOST:P2`, weighted round robin on the engines' load reports), side by side in one run.
 
-    python bench/replicas.py [--model tiny-text] [--streams 32] [--new-tokens 64] [--repeats 3] [--engine-threads 1]
+    python -m bench.replicas [--model tiny-text] [--streams 32] [--new-tokens 64] [--repeats 3] [--engine-threads 1]
 
 Both setups run at once (three engines, two preprocessors) and are measured alternately, so drift in the
 machine's load hits both. Each engine runs torch at --engine-threads: on this 2-core machine two replicas at one

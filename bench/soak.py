@@ -3,7 +3,7 @@ an image, in turn; sampled lengths, greedy and seeded sampling) through the real
 and, for every request, that the tokens it received equal its usage.completion_tokens (and its max_tokens when
 it ended by length); prints counts, tok/s, latency and TTFT p50/p99, and both services' RSS at start and end.
 
-    python bench/soak.py [--streams 64] [--seconds 300] [--target HOST:PORT [--engine HOST:PORT]]
+    python -m bench.soak [--streams 64] [--seconds 300] [--target HOST:PORT [--engine HOST:PORT]]
 
 Without --target it starts its own stack (tiny-idefics3, one running slot per stream) through the launcher.
 """

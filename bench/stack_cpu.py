@@ -2,7 +2,7 @@
 preprocessor process and this (client) process, at N concurrent streams, and how many tokens each client chunk
 carried (above 1 when readers fell behind and the pending tokens were merged).
 
-    python bench/stack_cpu.py [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+    python -m bench.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
 
 CPU time is read from /proc for the services and from getrusage for this process, so it counts every thread
 (the engine's forward, gRPC's pollers). Run it on two checkouts back to back to compare them.

@@ -1,7 +1,7 @@
 """Row 2: whole-stack tokens/s at N concurrent streams (client -> preprocessor -> engine processes) vs one HF
 static batch (`generate` on the same prompts, left-padded), measured side by side in one run.
 
-    python bench/stack_throughput.py [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+    python -m bench.stack_throughput [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
 
 Every request is greedy, ignore_eos, the same number of new tokens; prompts are 16-64 ordinary token IDs
 (Complete). HF runs in this process on one torch thread while the stack is idle.

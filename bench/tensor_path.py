@@ -1,7 +1,7 @@
 """Row 1: prompt embeds of SIZE MiB through both hops (client -> preprocessor -> engine, real processes) vs two
 plain loopback TCP copies of the same bytes, measured side by side.
 
-    python bench/tensor_path.py [--mib 256] [--repeats 3]
+    python -m bench.tensor_path [--mib 256] [--repeats 3]
 
 The stack serves tiny-text with its ModelInfo widened (max_model_len 2**21) so a prompt of SIZE MiB of rows
 passes every check; the engine takes at most 8192 positions per forward, so after reassembly and full

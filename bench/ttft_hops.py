@@ -2,7 +2,7 @@
 preprocessor -> engine processes) vs the same preprocessor core calling an in-process engine directly, one
 request after the other, alternating.
 
-    python bench/ttft_hops.py [--model tiny-text] [--repeats 20]
+    python -m bench.ttft_hops [--model tiny-text] [--repeats 20]
 
 A vision model's request carries one 224x224 image; a text model's is one short user message. Both sides
 normalize (template, tokenization, image processing) and prefill the same request; the difference is the hops.
