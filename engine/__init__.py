@@ -4,12 +4,14 @@ A request's life, file by file:
 1. servicer.py   reassembles the Generate client stream (splice.engine_wire.RequestAssembler).
 2. llm_engine.py `generate()` re-validates it (splice.request_rules, the same rules the preprocessor
    applied, + validate.py: image rows vs the vision family) and queues a Sequence (sequence.py).
-3. scheduler.py  admits it at the next step boundary, within the running / token / queue limits.
-4. embedder.py   looks up its IDs, runs the vision tower (vision.py) and merges images and supplied rows.
-5. model_runner.py prefills it and concatenates its KV cache into the running batch; every later step
-   decodes all running rows in one forward.
-6. sampler.py    picks each row's token; sequence.py decides STOP / LENGTH; the output is streamed.
-7. Finished or aborted rows are filtered out of the batch at once; an abort lands before the next step.
+3. scheduler.py  admits it at the next step boundary, within the running / token / queue limits (while
+   others decode, at most --mixed-prefill-tokens prompt positions per step).
+4. models/<family>.py `prompt()` looks up its IDs, runs the vision tower and merges images and supplied rows.
+5. model_runner.py prefills it into a free slot of the KV cache (models/slot_cache.py); every step decodes all
+   running rows in one forward.
+6. sampler.py    picks each row's token; sequence.py decides STOP / LENGTH; outbox.py hands the step's outputs
+   to the event loop at once.
+7. Finished or aborted rows leave the batch at once; an abort lands before the next step.
 server.py wires health (NOT_SERVING until loaded and warm), reflection and the error interceptor; cli.py
-is `splice engine`.
+is `splice engine`; tensor_parallel.py + tp_worker.py run the model calls on every rank.
 """

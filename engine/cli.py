@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
 from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import Resolve, run_service
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="positions one forward may process; default max(8192, max model len)")
+    parser.add_argument("--mixed-prefill-tokens", type=int, default=DEFAULT_MIXED_PREFILL_TOKENS,
+                        help="while sequences decode, prompt positions a step may prefill (a longer prompt is "
+                             "prefilled over several steps): smaller keeps inter-token latency flat under arrivals")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -67,7 +71,8 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        max_queue=args.max_queue, model_name=args.model,
                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
                        upload_idle_timeout=args.upload_idle_timeout,
-                       tensor_parallel_size=args.tensor_parallel_size)
+                       tensor_parallel_size=args.tensor_parallel_size,
+                       mixed_prefill_tokens=args.mixed_prefill_tokens)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)

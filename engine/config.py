@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -26,6 +28,9 @@ class EngineConfig:
     # seconds a Generate stream may go without sending its next part while uploading; then it fails
     # DEADLINE_EXCEEDED and releases its share of the budget above (idle uploads cannot starve the others)
     upload_idle_timeout: float = 30.0
+    # while sequences decode, a step prefills at most this many newly admitted prompt positions (a longer prompt
+    # over several steps): smaller keeps inter-token latency flat under arrivals, larger admits faster
+    mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS
     # ranks holding a shard of the model each (transformers' tensor-parallel plan on torch.distributed)
     tensor_parallel_size: int = 1
 
@@ -46,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"max_inflight_tensor_bytes must be >= 1, got {self.max_inflight_tensor_bytes}")
         if self.upload_idle_timeout <= 0:
             raise ValueError(f"upload_idle_timeout must be > 0, got {self.upload_idle_timeout}")
+        if self.mixed_prefill_tokens < 1:
+            raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_queue < 0:

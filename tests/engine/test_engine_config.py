@@ -17,6 +17,8 @@ from engine.loader import pick_device, pick_dtype
     (dict(max_running_seqs=0), "max_running_seqs"),
     (dict(max_running_seqs=8, max_batch_tokens=4), "max_batch_tokens"),
     (dict(max_queue=-1), "max_queue"),
+    (dict(mixed_prefill_tokens=0), "mixed_prefill_tokens"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size"),
 ])
 def test_invalid_configs_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
