@@ -136,22 +136,28 @@ def _spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f} s, max {max(values):.2f} s" if values else "none"
 
 
-async def kill9(up: Up, n: int) -> Outcome:
-    out = Outcome("engine kill -9")
+async def _kill_and_return(up: Up, name: str, n: int, out: Outcome) -> None:
+    """`n` long streams, then `kill -9` of `name`: the streams must end UNAVAILABLE, `splice up` must restart it
+    and a request must be served again. Its figures and checks go to `out`."""
     streams = await _long_streams(up.address, n)
-    pid, mark = up.child("engine")[0], len(up.lines)
+    pid, mark = up.child(name)[0], len(up.lines)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     ends = await _ends(streams, killed)
-    line = await asyncio.to_thread(up.read_until, "splice up: engine serving again", 120, mark)
+    line = await asyncio.to_thread(up.read_until, f"splice up: {name} serving again", 120, mark)
     restarted = time.monotonic() - killed
     served, seen = await _until_served(up.address)
     out.figures += [f"{n} running streams ended {_codes(ends)} after {_spread([t for _, t in ends])} (target < 2 s)",
-                    f"splice up restarted the engine after {restarted:.1f} s: {line.strip()}",
+                    f"splice up restarted the {name} after {restarted:.1f} s: {line.strip()}",
                     f"next request served {served + restarted:.1f} s after the kill (before that: {dict(seen)})"]
     out.check(all(c == "UNAVAILABLE" for c, _ in ends), f"streams ended {_codes(ends)}")
     out.check(all(t < 2.0 for _, t in ends), "a stream saw UNAVAILABLE only after 2 s")
     out.check(served < float("inf"), "not served again")
+
+
+async def kill9(up: Up, n: int) -> Outcome:
+    out = Outcome("engine kill -9")
+    await _kill_and_return(up, "engine", n, out)
     return out
 
 
@@ -185,23 +191,11 @@ async def sigstop(up: Up, n: int) -> Outcome:
 async def preprocessor(up: Up, n: int) -> Outcome:
     out = Outcome("preprocessor kill -9")
     before = sorted([(await _short(up.address))[1] for _ in range(5)])
-    streams = await _long_streams(up.address, n)
-    pid, mark = up.child("preprocessor")[0], len(up.lines)
-    killed = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    ends = await _ends(streams, killed)
-    line = await asyncio.to_thread(up.read_until, "splice up: preprocessor serving again", 120, mark)
-    restarted = time.monotonic() - killed
-    served, seen = await _until_served(up.address)
+    await _kill_and_return(up, "preprocessor", n, out)
     after = sorted([(await _short(up.address))[1] for _ in range(5)])
-    out.figures += [f"{n} running streams ended {_codes(ends)} after {_spread([t for _, t in ends])}",
-                    f"splice up restarted the preprocessor after {restarted:.1f} s: {line.strip()}",
-                    f"next request served {served + restarted:.1f} s after the kill (before that: {dict(seen)})",
-                    f"a short chat: {statistics.median(before) * 1000:.0f} ms before the kill, "
-                    f"{statistics.median(after) * 1000:.0f} ms after (median of 5; the {n} cut streams of "
-                    f"{LONG['max_tokens']} tokens would slow it if they still ran)"]
-    out.check(all(c == "UNAVAILABLE" for c, _ in ends), f"streams ended {_codes(ends)}")
-    out.check(served < float("inf"), "not served again")
+    out.figures.append(f"a short chat: {statistics.median(before) * 1000:.0f} ms before the kill, "
+                       f"{statistics.median(after) * 1000:.0f} ms after (median of 5; the {n} cut streams of "
+                       f"{LONG['max_tokens']} tokens would slow it if they still ran)")
     return out
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import urllib.request
 
 from app.launch import Service, start, wait_healthy
+from app.scrape import scrape, total
 from bench.measure import report
 from bench.stack_throughput import prompts, stack_run
 from clients import AsyncSpliceClient
@@ -27,13 +26,6 @@ def _engine(model: str, threads: int) -> Service:
                    env={"OMP_NUM_THREADS": str(threads)})
     wait_healthy(engine.address)
     return engine
-
-
-def _finished(engine: Service) -> int:
-    line = next(x for x in engine.output if x.startswith("engine metrics on "))
-    body = urllib.request.urlopen(f"http://{line.rsplit(' ', 1)[1]}/metrics", timeout=5).read().decode()
-    return int(sum(float(v) for v in re.findall(r"^splice_engine_requests_finished_total\{[^}]*\} (\S+)$", body,
-                                                re.M)))
 
 
 async def _measure(args: argparse.Namespace, one: str, two: str) -> tuple[list[float], list[float]]:
@@ -66,7 +58,7 @@ def main() -> None:
         print(f"{args.streams} streams x {args.new_tokens} tokens, {args.model}, engines at "
               f"{args.engine_threads} torch thread(s), {os.cpu_count()} cores")
         report("aggregate tok/s, 2 replicas vs 1", pairs, singles, "tok/s")
-        split = [_finished(e) for e in engines[1:]]
+        split = [int(total(scrape(e), "splice_engine_requests_finished_total")) for e in engines[1:]]
         print(f"requests per replica of the pair: {split}")
     finally:
         for service in (duo, solo, *engines):

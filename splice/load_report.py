@@ -25,18 +25,6 @@ def encode_load_report(utilization: float, rps: float) -> bytes:
         bytes([_APPLICATION_UTILIZATION]) + struct.pack("<d", utilization)
 
 
-def decode_load_report(data: bytes) -> dict[int, float]:
-    """field number -> value, for the double fields of a report (tests, and reading a peer's trailer)."""
-    out, i = {}, 0
-    while i < len(data):
-        tag = data[i]
-        if tag & 7 != 1:
-            raise ValueError(f"unexpected wire type {tag & 7} at byte {i}")
-        out[tag >> 3] = struct.unpack_from("<d", data, i + 1)[0]
-        i += 9
-    return out
-
-
 class CallRate:
     """Calls finished per second over the last `window` seconds (thread-safe). A short window: the balancer
     compares replicas' rps / utilization, which only means capacity when every rate covers the same recent past

@@ -9,12 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from app.launch import start
+from app.scrape import metrics_address, scrape, total
 from clients import SpliceClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +62,6 @@ def _healthy(service_def: dict, ports: dict[str, int], hosts: dict[str, list[str
     raise AssertionError(f"healthcheck {check} never passed")
 
 
-def _finished(metrics_address: str) -> float:
-    body = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
-    return sum(float(v) for v in re.findall(r"^splice_engine_requests_finished_total\{[^}]*\} (\S+)$", body, re.M))
-
-
 def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
     """Every engine replica and the preprocessor, as compose starts them; the preprocessor's calls reach both."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -90,15 +85,16 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
                 assert argv[0] == "splice" and argv[1] == name
                 service = start(name, argv[2:], env=env)
                 started.append(service)
-                line = next(x for x in service.output if x.startswith(f"{name} metrics on 127.0.0.1:"))
-                metrics.setdefault(name, []).append(line.rsplit(" ", 1)[1])
+                address = metrics_address(service)
+                assert address.startswith("127.0.0.1:"), address
+                metrics.setdefault(name, []).append(address)
                 _healthy(services[name], ports, {**hosts, name: [service.address]})
                 hosts.setdefault(name, []).append(service.address)
         with SpliceClient(hosts["preprocessor"][0], timeout=60) as client:
             for _ in range(2 * replicas):
                 chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
                 assert chunks[-1].finish_reason in ("stop", "length")
-        served = [_finished(address) for address in metrics["engine"]]
+        served = [total(scrape(address), "splice_engine_requests_finished_total") for address in metrics["engine"]]
         assert all(n > 0 for n in served), f"requests per engine replica: {served}"
     finally:
         for service in reversed(started):

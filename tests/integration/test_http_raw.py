@@ -4,15 +4,13 @@ auth, and the non-/v1 routes (health, metrics, tokenize, detokenize, OpenAPI).""
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
-import urllib.request
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from app.scrape import Samples, scrape, value
 from preprocessor.http.options import HttpOptions
 from preprocessor.server import PreprocessorServer
 from tests.integration.conftest import API_KEY, HTTP_MAX_IMAGE_BYTES, MODEL
@@ -27,22 +25,18 @@ def http(http_stack):
         yield c
 
 
-def _engine_metrics(engine) -> dict[str, float]:
-    address = next(m.group(1) for line in engine.output if (m := re.match(r"^engine metrics on (\S+:\d+)$", line)))
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {s.name + json.dumps(s.labels, sort_keys=True): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+def _running(samples: Samples) -> float:
+    return value(samples, "splice_engine_num_requests_running")
 
 
-RUNNING = "splice_engine_num_requests_running{}"
-ABORTED = 'splice_engine_requests_finished_total{"finish_reason": "abort"}'
+def _aborted(samples: Samples) -> float:
+    return value(samples, "splice_engine_requests_finished_total", finish_reason="abort")
 
 
-def _wait_for(engine, done, timeout: float = 30.0) -> dict[str, float]:
+def _wait_for(engine, done, timeout: float = 30.0) -> Samples:
     deadline = time.monotonic() + timeout
     while True:
-        samples = _engine_metrics(engine)
+        samples = scrape(engine)
         if done(samples) or time.monotonic() > deadline:
             return samples
         time.sleep(0.05)
@@ -153,14 +147,14 @@ def _long(stream: bool) -> dict:
 
 def test_disconnect_frees_the_engine_slot(http, http_stack):
     engine, pre = http_stack
-    before = _engine_metrics(engine)
+    before = scrape(engine)
     with http.stream("POST", "/v1/chat/completions", json=_long(True)) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         assert next(lines).startswith("data: ")
-        assert _engine_metrics(engine)[RUNNING] >= 1
-    after = _wait_for(engine, lambda s: s[RUNNING] == 0 and s.get(ABORTED, 0) > before.get(ABORTED, 0))
-    assert after[RUNNING] == 0 and after[ABORTED] == before.get(ABORTED, 0) + 1
+        assert _running(scrape(engine)) >= 1
+    after = _wait_for(engine, lambda s: _running(s) == 0 and _aborted(s) > _aborted(before))
+    assert _running(after) == 0 and _aborted(after) == _aborted(before) + 1
 
     # Not streamed: the answer is not ready when the client leaves; the engine sequence is aborted all the same.
     host, port = pre.http_address.rsplit(":", 1)
@@ -168,9 +162,9 @@ def test_disconnect_frees_the_engine_slot(http, http_stack):
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        _wait_for(engine, lambda s: s[RUNNING] >= 1)
-    final = _wait_for(engine, lambda s: s[RUNNING] == 0 and s[ABORTED] > after[ABORTED])
-    assert final[RUNNING] == 0 and final[ABORTED] == after[ABORTED] + 1
+        _wait_for(engine, lambda s: _running(s) >= 1)
+    final = _wait_for(engine, lambda s: _running(s) == 0 and _aborted(s) > _aborted(after))
+    assert _running(final) == 0 and _aborted(final) == _aborted(after) + 1
     assert http.post("/v1/chat/completions", json=_msgs("Hi")).status_code == 200
 
 

@@ -2,47 +2,32 @@
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from collections.abc import Callable
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.launch import Service, start_stack
+from app.scrape import Samples, metrics_address, scrape, value
 from clients import SpliceClient, SpliceClientError
 from tests.integration.conftest import MODEL
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 MAX_TOKENS = 5
 
 
 def _metrics_address(service: Service) -> str:
-    pattern = re.compile(rf"^{service.name} metrics on (\S+:\d+)$")
-    hits = [i for i, line in enumerate(service.output) if pattern.match(line)]
     ready = [i for i, line in enumerate(service.output) if line.startswith(f"{service.name} serving on ")]
+    hits = [i for i, line in enumerate(service.output) if line.startswith(f"{service.name} metrics on ")]
     assert hits and ready and hits[0] < ready[0], f"no metrics line before the ready line in {service.output}"
-    return pattern.match(service.output[hits[0]]).group(1)
-
-
-def _scrape(address: str) -> Samples:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _get(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    return metrics_address(service)
 
 
 def _settle(address: str, done: Callable[[Samples], bool], timeout: float = 15.0) -> Samples:
     """Scrapes until `done` holds (the engine thread records a step's counters just after emitting it)."""
     deadline = time.monotonic() + timeout
     while True:
-        samples = _scrape(address)
+        samples = scrape(address)
         if done(samples) or time.monotonic() > deadline:
             return samples
         time.sleep(0.1)
@@ -59,7 +44,7 @@ def metered_stack(tiny_dirs):
 def test_counters_move_by_what_the_requests_imply(metered_stack, mixed_messages):
     engine, pre = metered_stack
     em, pm = _metrics_address(engine), _metrics_address(pre)
-    e0, p0 = _scrape(em), _scrape(pm)
+    e0, p0 = scrape(em), scrape(pm)
 
     with SpliceClient(pre.address, timeout=120) as client:
         chunks = list(client.chat(mixed_messages, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
@@ -76,10 +61,10 @@ def test_counters_move_by_what_the_requests_imply(metered_stack, mixed_messages)
     n_embeds = sum(p["type"] == "prompt_embeds" for p in parts)
 
     def e_delta(samples: Samples, name: str, **labels: str) -> float:
-        return _get(samples, name, **labels) - _get(e0, name, **labels)
+        return value(samples, name, **labels) - value(e0, name, **labels)
 
     def p_delta(samples: Samples, name: str, **labels: str) -> float:
-        return _get(samples, name, **labels) - _get(p0, name, **labels)
+        return value(samples, name, **labels) - value(p0, name, **labels)
 
     gen_rpc = {"service": "splice.v1.Engine", "method": "Generate"}
     e1 = _settle(em, lambda s: e_delta(s, "splice_engine_generation_tokens_total") >= generated
@@ -99,8 +84,8 @@ def test_counters_move_by_what_the_requests_imply(metered_stack, mixed_messages)
     assert e_delta(e1, "splice_engine_step_duration_seconds_count", phase="decode") == generated - 1
     assert e_delta(e1, "splice_engine_step_duration_seconds_count", phase="prefill") == 1
     assert e_delta(e1, "splice_engine_time_to_first_token_seconds_count") == 1
-    assert _get(e1, "splice_engine_num_requests_running") == 0
-    assert _get(e1, "splice_engine_num_requests_waiting") == 0
+    assert value(e1, "splice_engine_num_requests_running") == 0
+    assert value(e1, "splice_engine_num_requests_waiting") == 0
     assert e_delta(e1, "splice_rpc_requests_total", **gen_rpc, code="OK") == 1
     assert e_delta(e1, "splice_rpc_duration_seconds_count", **gen_rpc) == 1  # the bad one never reached it
     assert not any(name.startswith("splice_preprocessor_") for name, _ in e1)
@@ -120,5 +105,5 @@ def test_counters_move_by_what_the_requests_imply(metered_stack, mixed_messages)
     ttft = p_delta(p1, "splice_preprocessor_time_to_first_token_seconds_sum", endpoint="chat")
     e2e = p_delta(p1, "splice_preprocessor_e2e_request_latency_seconds_sum", endpoint="chat")
     assert 0 < ttft <= e2e
-    assert _get(p1, "splice_preprocessor_engine_connected") == 1
+    assert value(p1, "splice_preprocessor_engine_connected") == 1
     assert not any(name.startswith("splice_engine_") for name, _ in p1)

@@ -5,15 +5,16 @@ every new request to the survivor, a restarted one gets traffic again, one servi
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
 import signal
+import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
 from app.launch import Service, start, wait_healthy
+from app.scrape import scrape, total, value
 from clients import SpliceClient, SpliceClientError
 from preprocessor.engine_client import EngineClient
 from splice.engine_request import EngineRequest
@@ -31,25 +32,16 @@ def _engine(model: str = MODEL, port: int = 0) -> Service:
     return engine
 
 
-def _metrics(engine: Service) -> str:
-    line = next(x for x in engine.output if x.startswith("engine metrics on "))
-    return urllib.request.urlopen(f"http://{line.rsplit(' ', 1)[1]}/metrics", timeout=5).read().decode()
-
-
-def _sum(body: str, pattern: str) -> int:
-    return int(sum(float(v) for v in re.findall(pattern, body, re.M)))
-
-
-def _finished(engine: Service) -> int:
+def _finished(engine: Service) -> float:
     """Requests this replica finished, from its own Prometheus metrics."""
-    return _sum(_metrics(engine), r"^splice_engine_requests_finished_total\{[^}]*\} (\S+)$")
+    return total(scrape(engine), "splice_engine_requests_finished_total")
 
 
-def _generate_calls(engine: Service) -> int:
+def _generate_calls(engine: Service) -> float:
     """Generate calls this replica received, whatever it answered (refused ones included)."""
-    body = _metrics(engine)
-    return _sum(body, r'^splice_rpc_requests_total\{[^}]*method="Generate"[^}]*\} (\S+)$') + \
-        _sum(body, r'^splice_rpc_in_flight\{[^}]*method="Generate"[^}]*\} (\S+)$')
+    samples = scrape(engine)
+    return total(samples, "splice_rpc_requests_total", method="Generate") + \
+        total(samples, "splice_rpc_in_flight", method="Generate")
 
 
 def _short(client: SpliceClient) -> str:
@@ -81,8 +73,6 @@ def test_both_replicas_serve(fleet):
 
 def _hold_stream(engine: Service) -> None:
     """A long stream on `engine` directly (so that its drain lasts), running on a loop in a thread."""
-    import threading
-
     loop = asyncio.new_event_loop()
     started = threading.Event()
 
@@ -135,8 +125,8 @@ def test_a_running_stream_fails_unavailable_when_its_replica_dies_and_the_next_r
         print(f"restarted replica served again {time.monotonic() - since:.2f} s after it was SERVING")
 
 
-def _running(engine: Service) -> int:
-    return _sum(_metrics(engine), r"^splice_engine_num_requests_running (\S+)$")
+def _running(engine: Service) -> float:
+    return value(scrape(engine), "splice_engine_num_requests_running")
 
 
 def test_a_draining_replica_gets_nothing(fleet):
@@ -158,16 +148,11 @@ def test_a_draining_replica_gets_nothing(fleet):
     engines[0] = _engine(port=int(draining.address.rsplit(":", 1)[1]))
 
 
-def _idle_uploads(engine: Service, n: int, seconds: float) -> list:
+@contextlib.contextmanager
+def _idle_uploads(engine: Service, n: int, seconds: float):
     """`n` Generate calls to `engine` that send their header, declare a tensor and then nothing for `seconds`:
-    in flight all along (load), refused in the end by the engine's idle-upload timeout or cancelled."""
-    import threading
-
+    in flight all along (load); cancelled on leaving."""
     from splice.v1 import engine_pb2, engine_pb2_grpc
-
-    channel = grpc.insecure_channel(engine.address)
-    stub = engine_pb2_grpc.EngineStub(channel)
-    calls = []
 
     def parts():
         yield engine_pb2.GenerateRequestPart(header=engine_pb2.GenerateHeader(
@@ -175,19 +160,22 @@ def _idle_uploads(engine: Service, n: int, seconds: float) -> list:
                 name="prompt_embeds", dtype="float32", shape=[2, 64])]))
         time.sleep(seconds)
 
-    for _ in range(n):
-        call = stub.Generate(parts())
-        calls.append(call)
-        threading.Thread(target=_drain, args=(call,), daemon=True).start()
-    return [channel, *calls]
+    with grpc.insecure_channel(engine.address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        calls = [stub.Generate(parts()) for _ in range(n)]
+        for call in calls:
+            threading.Thread(target=_drain, args=(call,), daemon=True).start()
+        try:
+            yield
+        finally:
+            for call in calls:
+                call.cancel()
 
 
 def _drain(call) -> None:
-    try:
+    with contextlib.suppress(grpc.RpcError):
         for _ in call:
             pass
-    except grpc.RpcError:
-        pass
 
 
 def test_a_busier_replica_gets_fewer_calls(fleet):
@@ -195,8 +183,7 @@ def test_a_busier_replica_gets_fewer_calls(fleet):
     replica of four slots against none on the other."""
     engines, pre = fleet
     busy = engines[0]
-    held = _idle_uploads(busy, 3, 20.0)
-    try:
+    with _idle_uploads(busy, 3, 20.0):
         with SpliceClient(pre.address, timeout=60) as client:
             warm_until = time.monotonic() + 2.5  # both report their load; weights apply after a 1 s blackout
             while time.monotonic() < warm_until:
@@ -205,12 +192,8 @@ def test_a_busier_replica_gets_fewer_calls(fleet):
             for _ in range(20):
                 _short(client)
         got = [_generate_calls(e) - b for e, b in zip(engines, before, strict=True)]
-        print(f"20 calls, busy replica vs idle one: {got}")
-        assert got[0] + got[1] == 20 and got[1] >= 14, got
-    finally:
-        for call in held[1:]:
-            call.cancel()
-        held[0].close()
+    print(f"20 calls, busy replica vs idle one: {got}")
+    assert got[0] + got[1] == 20 and got[1] >= 14, got
 
 
 def test_clients_reach_several_preprocessors_through_one_target(fleet):
@@ -223,11 +206,7 @@ def test_clients_reach_several_preprocessors_through_one_target(fleet):
         with SpliceClient("ipv4:" + ",".join(p.address for p in pres), timeout=60) as client:
             for _ in range(8):
                 client.tokenize(text="Hi")
-        calls = []
-        for pre in pres:
-            line = next(x for x in pre.output if x.startswith("preprocessor metrics on "))
-            body = urllib.request.urlopen(f"http://{line.rsplit(' ', 1)[1]}/metrics", timeout=5).read().decode()
-            calls.append(_sum(body, r'^splice_rpc_requests_total\{[^}]*method="Tokenize"[^}]*\} (\S+)$'))
+        calls = [total(scrape(pre), "splice_rpc_requests_total", method="Tokenize") for pre in pres]
         assert sum(calls) == 8 and min(calls) >= 2, calls  # round robin, from when both connections are up
     finally:
         for pre in pres:
