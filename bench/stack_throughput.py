@@ -2,6 +2,7 @@
 static batch (`generate` on the same prompts, left-padded), measured side by side in one run.
 
     python -m bench.stack_throughput [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+                                     [--stream-interval 1]
 
 Every request is greedy, ignore_eos, the same number of new tokens; prompts are 16-64 ordinary token IDs
 (Complete). HF runs in this process on one torch thread while the stack is idle.
@@ -56,10 +57,12 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = load(EngineConfig(model=str(resolve_model(args.model)))).model
-    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams)])
+    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
+                                                       "--stream-interval", str(args.stream_interval)])
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             batch = prompts(args.streams)
@@ -69,7 +72,9 @@ async def main() -> None:
             for _ in range(args.repeats):
                 ours.append(await stack_run(client, batch, args.new_tokens))
                 base.append(hf_run(model, batch, args.new_tokens))
-        report(f"{args.model}: stack tok/s at {args.streams} streams vs one HF static batch", ours, base, "tok/s",
+        interval = f", --stream-interval {args.stream_interval}" if args.stream_interval > 1 else ""
+        report(f"{args.model}: stack tok/s at {args.streams} streams{interval} vs one HF static batch", ours, base,
+               "tok/s",
                "ours/base")
     finally:
         pre.stop()
