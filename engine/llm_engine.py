@@ -128,7 +128,7 @@ class LLMEngine:
         await asyncio.to_thread(validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
-        listener = Listener(asyncio.get_running_loop(), arrival)
+        listener = Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval)
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self._seqs[seq.seq_id] = seq
