@@ -10,6 +10,9 @@ which columns of each row are real, and is omitted when every row spans the same
   many columns attention reads. Each layer's `update` writes there and returns views of the buffers.
 - New rows go to the next free slots; a leaving row's slot is filled by moving the last row into it (that one row's
   columns copied, nothing else moves) and the slot count shrinks.
+- A mixed step may run as one packed forward (`plan_packed`): its tokens are one row [1, N], one decode token per row
+  in use and then the prompt positions of some sequences (`Segment`s); `update` writes each token's key where its
+  sequence goes and the attention function (engine/models/attention.py) splits the queries by `Packed`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,30 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Prompt positions [past, past + length) of the sequence in `slot`, in a packed forward: they attend that slot's
+    columns before them and each other causally."""
+
+    slot: int
+    past: int
+    length: int
+
+
+@dataclass
+class Packed:
+    """How a packed forward's N tokens split: first one decode token for each of the `rows` rows in use (written at
+    that row's end), then the segments' prompt positions in order."""
+
+    rows: int
+    cols: torch.Tensor | None  # [rows] long, the column each row writes; None when all write at `col`
+    col: int
+    decode_width: int  # columns the decode queries read: the widest row's end + 1
+    decode_mask: torch.Tensor | None  # [rows, 1, 1, decode_width] bool (True = attend); None when all are real
+    segments: list[Segment]
+    segment_masks: list[torch.Tensor | None]  # [1, 1, length, past + length] bool; None = plainly causal (past 0)
 
 
 @dataclass
@@ -32,6 +59,7 @@ class Plan:
     cols: torch.Tensor | None = None  # [count] long, when rows write at different columns
     width: int = 0
     q: int = 0
+    packed: Packed | None = None  # a packed forward's split (then `count` slots from 0 and `width` bound the writes)
 
     @property
     def past(self) -> int:
@@ -75,6 +103,26 @@ class SlotKV:
         col = self.end[0] if len(set(self.end)) == 1 else None
         cols = None if col is not None else torch.tensor(self.end)
         self.plan = Plan(0, self.rows, col or 0, cols, self.width + 1, 1)
+
+    def plan_packed(self, segments: list[Segment], device: torch.device | None = None) -> None:
+        """A packed forward: one new column for every row in use, each at its own end, then `segments`."""
+        rows = self.rows
+        same = len(set(self.end)) <= 1
+        cols = None if same else torch.tensor(self.end, device=device)
+        decode_width = self.width + 1 if rows else 0
+        decode_mask = None
+        if rows and not (same and not any(self.start)):  # some row's columns are not all real
+            decode_mask = self.key_mask(1).bool()[:, None, None].to(device)
+        masks: list[torch.Tensor | None] = []
+        for s in segments:
+            key = torch.arange(s.past + s.length, device=device)
+            query = s.past + torch.arange(s.length, device=device)
+            masks.append((key[None, :] <= query[:, None])[None, None] if s.past else None)
+        packed = Packed(rows, cols, self.end[0] if same and rows else 0, decode_width, decode_mask, list(segments),
+                        masks)
+        slots = max([rows, *(s.slot + 1 for s in segments)])
+        width = max([decode_width, *(s.past + s.length for s in segments)])
+        self.plan = Plan(0, slots, 0, None, width, rows + sum(s.length for s in segments), packed)
 
     def key_mask(self, q: int) -> torch.Tensor:
         """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask)."""
@@ -146,7 +194,9 @@ class SlotLayer(DynamicLayer):
         p = self.kv.plan
         last = p.first + p.count
         self._reserve(key_states, last, p.width)
-        if p.cols is None:
+        if p.packed is not None:
+            self._write_packed(key_states[0], value_states[0], p.packed)
+        elif p.cols is None:
             q = key_states.shape[2]
             self.k_buf[p.first:last, :, p.col:p.col + q] = key_states
             self.v_buf[p.first:last, :, p.col:p.col + q] = value_states
@@ -157,6 +207,23 @@ class SlotLayer(DynamicLayer):
         self.keys = self.k_buf[p.first:last, :, :p.width]
         self.values = self.v_buf[p.first:last, :, :p.width]
         return self.keys, self.values
+
+    def _write_packed(self, keys: torch.Tensor, values: torch.Tensor, packed: Packed) -> None:
+        """keys/values [kv_heads, N, head_dim] of a packed forward, each token where its sequence goes."""
+        n = packed.rows
+        if n:
+            if packed.cols is None:
+                self.k_buf[:n, :, packed.col] = keys[:, :n].transpose(0, 1)  # [rows, kv_heads, head_dim]
+                self.v_buf[:n, :, packed.col] = values[:, :n].transpose(0, 1)
+            else:
+                rows = torch.arange(n, device=keys.device)
+                self.k_buf[rows, :, packed.cols] = keys[:, :n].transpose(0, 1)
+                self.v_buf[rows, :, packed.cols] = values[:, :n].transpose(0, 1)
+        at = n
+        for s in packed.segments:
+            self.k_buf[s.slot, :, s.past:s.past + s.length] = keys[:, at:at + s.length]
+            self.v_buf[s.slot, :, s.past:s.past + s.length] = values[:, at:at + s.length]
+            at += s.length
 
     def copy_row(self, src: int, dst: int, width: int) -> None:
         if self.k_buf is not None:
