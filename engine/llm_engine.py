@@ -190,9 +190,11 @@ class LLMEngine:
         if out.is_empty:
             return False
         self.steps += 1
-        if out.decode and (out.prefill or out.chunk is not None) and self.family.packs_mixed_steps:
-            self._mixed(out, arrivals)
+        packable = out.decode and (out.prefill or out.chunk is not None) and self.family.packs_mixed_steps
+        if packable and self._mixed(out, arrivals):
             return True
+        # a decode, then a prefill: the mixed step of a family that cannot pack it, or the fallback of a packed
+        # step that failed (so that a prompt that makes the forward fail fails alone, as in a prefill)
         start = time.perf_counter()
         if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
             self._decode()
@@ -206,9 +208,10 @@ class LLMEngine:
             self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
         return True
 
-    def _mixed(self, out: SchedulerOutput, arrivals: list[float | None]) -> None:
+    def _mixed(self, out: SchedulerOutput, arrivals: list[float | None]) -> bool:
         """A mixed step as one packed forward: every running row decodes while the admitted prompts (or the next part
-        of a long one) are prefilled; prompts completed in it give their first token in the same step."""
+        of a long one) are prefilled; prompts completed in it give their first token in the same step. False when
+        it ran nothing (no prompt left to pack, or the forward failed and recorded nothing): the step runs as two."""
         start = time.perf_counter()
         with self._lock:
             seqs = [self._seqs[i] for i in self.runner.seq_ids]
@@ -227,18 +230,13 @@ class LLMEngine:
             parts.append(PromptPart(seq.seq_id, prompt, first, end))
             owners.append((seq, arrival))
         if not parts:
-            self._decode()
-            self.stats.decoded(len(seqs), time.perf_counter() - start)
-            return
+            return False
         try:
             decoded, prefilled = self.runner.mixed([s.output_ids[-1] for s in seqs], parts)
-            self.packed_steps += 1
-        except Exception as exc:  # nothing was recorded: fail the prompts, and the rows decode alone
-            log.exception("mixed step failed; failing its %d prompt(s)", len(parts))
-            self._fail([s for s, _ in owners], exc)
-            self._decode()
-            self.stats.decoded(len(seqs), time.perf_counter() - start)
-            return
+        except Exception:  # nothing was recorded
+            log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(seqs), len(parts))
+            return False
+        self.packed_steps += 1
         done = owners if chunk is None or prefilled.shape[0] else []
         if chunk is not None:
             with self._lock:
@@ -252,6 +250,7 @@ class LLMEngine:
         self.stats.decoded(len(seqs), seconds)
         if done:
             self._record_prefill([s for s, _ in done], [t for _, t in done], start)
+        return True
 
     def _prefill_chunk(self, chunk: PrefillChunk, arrival: float | None) -> None:
         """The next part of a long prompt's prefill; its first token comes out with the last part."""
