@@ -181,6 +181,7 @@ class ModelRunner:
             step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
                               prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
             kv.plan_prefill(1, stop - at, past=at, first=slot)
+            kv.plan.reserve = len(prompt.token_ids) + 1  # the buffers grow once: the prompt and its first decode
             logits = self._forward(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
         return logits
 
@@ -266,7 +267,8 @@ class ModelRunner:
         embeds = torch.cat([f.lookup(ids), *(p.embeds[s:e] for p, _, s, e in pieces)])[None]  # [1, N, hidden]
         positions = torch.cat([b.positions[None].expand(f.position_dims, -1),
                                *(p.positions[:, s:e] for p, _, s, e in pieces)], 1)[:, None]  # [D, 1, N]
-        kv.plan_packed([Segment(slot, s, e - s) for _, slot, s, e in pieces], f.device)
+        kv.plan_packed([Segment(slot, s, e - s) for _, slot, s, e in pieces], f.device,
+                       reserve=max(len(p.token_ids) for p, *_ in pieces) + 1)  # grow once: prompt + first decode
         try:
             out = f.backbone(
                 inputs_embeds=embeds,

@@ -1,10 +1,13 @@
 """Key/value storage whose rows stay where they are while other rows join and leave (one slot per sequence).
 
 Every attention layer owns two preallocated buffers [slots, kv_heads, columns, head_dim], grown by doubling (so
-growing is amortized, never a torch.cat per step). A sequence lives in one slot: its real keys are the columns
-[start, end) of that slot (start > 0 when it was left-padded in a group prefill), and its next token is written at
-column `end`. Keys are cached after RoPE, so the columns of different rows need not line up: the attention mask says
-which columns of each row are real, and is omitted when every row spans the same columns.
+growing is amortized, never a torch.cat per step; columns in powers of two, and for a long prompt's whole length and
+its first decoded token at its first part, so that a prompt prefilled over several steps makes the buffers grow once,
+not once per part and again at its first decode: a growth copies every slot and stalls that step). A sequence lives
+in one slot: its real keys are the columns [start, end) of that slot (start > 0 when it was left-padded in a group
+prefill), and its next token is written at column `end`. Keys are cached after RoPE, so the columns of different rows
+need not line up: the attention mask says which columns of each row are real, and is omitted when every row spans the
+same columns.
 
 - A forward is planned first (`plan_prefill` / `plan_decode`): which slots it covers, where each row writes, how
   many columns attention reads. Each layer's `update` writes there and returns views of the buffers.
@@ -60,6 +63,7 @@ class Plan:
     width: int = 0
     q: int = 0
     packed: Packed | None = None  # a packed forward's split (then `count` slots from 0 and `width` bound the writes)
+    reserve: int = 0  # columns the buffers should hold after this forward, if more than `width`
 
     @property
     def past(self) -> int:
@@ -104,8 +108,9 @@ class SlotKV:
         cols = None if col is not None else torch.tensor(self.end)
         self.plan = Plan(0, self.rows, col or 0, cols, self.width + 1, 1)
 
-    def plan_packed(self, segments: list[Segment], device: torch.device | None = None) -> None:
-        """A packed forward: one new column for every row in use, each at its own end, then `segments`."""
+    def plan_packed(self, segments: list[Segment], device: torch.device | None = None, reserve: int = 0) -> None:
+        """A packed forward: one new column for every row in use, each at its own end, then `segments` (`reserve`: a
+        long prompt's whole length, as in Plan)."""
         rows = self.rows
         same = len(set(self.end)) <= 1
         cols = None if same else torch.tensor(self.end, device=device)
@@ -122,7 +127,7 @@ class SlotKV:
                         masks)
         slots = max([rows, *(s.slot + 1 for s in segments)])
         width = max([decode_width, *(s.past + s.length for s in segments)])
-        self.plan = Plan(0, slots, 0, None, width, rows + sum(s.length for s in segments), packed)
+        self.plan = Plan(0, slots, 0, None, width, rows + sum(s.length for s in segments), packed, reserve)
 
     def key_mask(self, q: int) -> torch.Tensor:
         """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask)."""
@@ -161,6 +166,11 @@ class SlotKV:
             layer.show(self.rows, self.width)
 
 
+def power_of_two(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 class SlotLayer(DynamicLayer):
     """One attention layer's buffers; `update` writes where the plan says and returns the columns to attend."""
 
@@ -176,11 +186,11 @@ class SlotLayer(DynamicLayer):
             return
         old_k, old_v = self.k_buf, self.v_buf
         if old_k is None:
-            shape = [slots, like.shape[1], width, like.shape[3]]
+            shape = [slots, like.shape[1], power_of_two(width), like.shape[3]]
         else:
             n, cap = old_k.shape[0], old_k.shape[2]
             shape = [n if slots <= n else max(slots, 2 * n), like.shape[1],
-                     cap if width <= cap else max(width, 2 * cap), like.shape[3]]
+                     cap if width <= cap else power_of_two(max(width, 2 * cap)), like.shape[3]]
         self.k_buf = like.new_zeros(shape)
         self.v_buf = like.new_zeros(shape)
         if old_k is not None:
@@ -193,7 +203,7 @@ class SlotLayer(DynamicLayer):
         """key/value_states [count, kv_heads, q, head_dim] -> views [count, kv_heads, width, head_dim]."""
         p = self.kv.plan
         last = p.first + p.count
-        self._reserve(key_states, last, p.width)
+        self._reserve(key_states, last, max(p.width, p.reserve))
         if p.packed is not None:
             self._write_packed(key_states[0], value_states[0], p.packed)
         elif p.cols is None:
