@@ -3,6 +3,7 @@ preprocessor process and this (client) process, at N concurrent streams, and how
 carried (above 1 when readers fell behind and the pending tokens were merged).
 
     python -m bench.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3] [--stream-interval 1]
+                              [--engine-args '...']
 
 CPU time is read from /proc for the services and from getrusage for this process, so it counts every thread
 (the engine's forward, gRPC's pollers). Run it on two checkouts back to back to compare them.
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import os
 import resource
+import shlex
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -41,9 +43,11 @@ async def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
+    parser.add_argument("--engine-args", default="", help="more engine flags, e.g. '--mixed-prefill-tokens 2048'")
     args = parser.parse_args()
     engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
-                                                       "--stream-interval", str(args.stream_interval)])
+                                                       "--stream-interval", str(args.stream_interval),
+                                                       *shlex.split(args.engine_args)])
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             async def one(ids: list[int], n: int) -> tuple[int, int]:

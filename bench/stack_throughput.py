@@ -2,7 +2,7 @@
 static batch (`generate` on the same prompts, left-padded), measured side by side in one run.
 
     python -m bench.stack_throughput [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
-                                     [--stream-interval 1] [--lengths same|varied]
+                                     [--stream-interval 1] [--lengths same|varied] [--engine-args '...']
 
 Every request is greedy and ignore_eos; prompts are 16-64 ordinary token IDs (Complete). `same`: every request
 asks for NEW_TOKENS (the issue's row: static batching's best case). `varied`: each asks for its own count, drawn
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -69,12 +70,14 @@ async def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
+    parser.add_argument("--engine-args", default="", help="more engine flags, e.g. '--mixed-prefill-tokens 2048'")
     parser.add_argument("--lengths", choices=("same", "varied"), default="same")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = load(EngineConfig(model=str(resolve_model(args.model)))).model
     engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
-                                                       "--stream-interval", str(args.stream_interval)])
+                                                       "--stream-interval", str(args.stream_interval),
+                                                       *shlex.split(args.engine_args)])
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             batch = prompts(args.streams)
@@ -85,8 +88,9 @@ async def main() -> None:
             for _ in range(args.repeats):
                 ours.append(await stack_run(client, batch, wanted))
                 base.append(hf_run(model, batch, wanted))
-        setup = f"{args.lengths} lengths" + (f", --stream-interval {args.stream_interval}"
-                                             if args.stream_interval > 1 else "")
+        setup = ", ".join([f"{args.lengths} lengths",
+                           *([f"--stream-interval {args.stream_interval}"] if args.stream_interval > 1 else []),
+                           *([args.engine_args] if args.engine_args else [])])
         report_paired(f"{args.model}: stack tok/s at {args.streams} streams ({setup}) vs one HF static batch", ours,
                       base, "tok/s")
     finally:
