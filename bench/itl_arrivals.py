@@ -2,13 +2,15 @@
 steady state before anyone arrives (the baseline), in one run.
 
     python -m bench.itl_arrivals [--model tiny-text] [--running 32] [--arriving 32] [--prompt 512] [--repeats 3]
+                                 [--mixed-prefill-tokens N]
 
 The running streams have 16-64 token prompts; the arrivals have PROMPT-token prompts and come one every 5 ms.
 Intervals are between consecutive tokens of one running stream, as its consumer on the event loop sees them.
 Steady: the intervals of the 30 steps before the first arrival; under arrivals: every interval overlapping the
 span from the first arrival until every arrival has its first token. Both p99s come from the same repeat, so
 the ratio is taken per repeat and printed as median [min..max] over repeats (not a ratio of medians that pairs
-one repeat's load with another's steady state).
+one repeat's load with another's steady state). Also printed: the arrivals' time to first token (from their
+generate call), p50 and max over the arrivals of a repeat, as median [min..max] over repeats.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import statistics
 import time
 from contextlib import aclosing
 
@@ -25,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from app.models import resolve_model
-from bench.measure import report_paired
+from bench.measure import report_paired, spread
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from splice.engine_request import EngineRequest
@@ -37,11 +40,13 @@ def p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(0.99 * len(values)))]
 
 
-async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> tuple[float, float]:
+async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> tuple[float, float, list[float]]:
+    """-> (loaded ITL p99 ms, steady ITL p99 ms, the arrivals' TTFTs in ms)."""
     g = torch.Generator().manual_seed(seed)
     greedy = dict(temperature=0.0, ignore_eos=True)
     stamps: list[list[float]] = [[] for _ in range(args.running)]
     first_tokens: list[float] = []
+    ttfts: list[float] = []
     arrivals_done = asyncio.Event()
 
     async def running(i: int) -> None:
@@ -57,9 +62,11 @@ async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> 
     async def arriving(i: int) -> None:
         ids = torch.randint(40, 600, (args.prompt,), generator=g).tolist()
         req = EngineRequest(f"arr{i}", ids, sampling=SamplingParams(max_tokens=4, **greedy))
+        sent = time.perf_counter()
         async with aclosing(engine.generate(req)) as outs:
             async for _ in outs:
                 first_tokens.append(time.perf_counter())
+                ttfts.append((first_tokens[-1] - sent) * 1e3)
                 break
 
     tasks = [asyncio.create_task(running(i)) for i in range(args.running)]
@@ -81,7 +88,7 @@ async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> 
         # Every interval that overlaps the arrivals, not only those ending inside them: when the prefills run
         # back to back, the stall they cause is one interval that ends after the last arrival's first token.
         loaded += [b - a for a, b in gaps if b >= start and a <= end]
-    return p99(loaded) * 1e3, p99(steady) * 1e3
+    return p99(loaded) * 1e3, p99(steady) * 1e3, ttfts
 
 
 async def main() -> None:
@@ -91,20 +98,27 @@ async def main() -> None:
     parser.add_argument("--arriving", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mixed-prefill-tokens", type=int, default=None,
+                        help="prompt positions a step prefills while streams decode (default: the engine's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cfg = EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.running + args.arriving)
+    limits = {} if args.mixed_prefill_tokens is None else {"mixed_prefill_tokens": args.mixed_prefill_tokens}
+    cfg = EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.running + args.arriving, **limits)
     engine = LLMEngine(cfg)
     engine.start()
     await engine.warmup()
     try:
-        loaded, steady = [], []
+        loaded, steady, ttft_mid, ttft_max = [], [], [], []
         for r in range(args.repeats):
-            a, b = await one_repeat(engine, args, r)
+            a, b, ttfts = await one_repeat(engine, args, r)
             loaded.append(a)
             steady.append(b)
+            ttft_mid.append(statistics.median(ttfts))
+            ttft_max.append(max(ttfts))
         report_paired(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs steady",
                       loaded, steady, "ms")
+        print(f"{args.model}: TTFT of the {args.arriving} arrivals ({args.prompt}-token prompts): p50 "
+              f"{spread(ttft_mid)} ms | max {spread(ttft_max)} ms (n={args.repeats})", flush=True)
     finally:
         engine.stop()
 

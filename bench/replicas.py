@@ -32,11 +32,11 @@ async def _measure(args: argparse.Namespace, one: str, two: str) -> tuple[list[f
     batch = prompts(args.streams)
     singles, pairs = [], []
     async with AsyncSpliceClient(one) as c1, AsyncSpliceClient(two) as c2:
-        await stack_run(c1, batch[:4], 4)  # warm both paths
-        await stack_run(c2, batch[:4], 4)
+        await stack_run(c1, batch[:4], [4] * 4)  # warm both paths
+        await stack_run(c2, batch[:4], [4] * 4)
         for _ in range(args.repeats):
-            singles.append(await stack_run(c1, batch, args.new_tokens))
-            pairs.append(await stack_run(c2, batch, args.new_tokens))
+            singles.append(await stack_run(c1, batch, [args.new_tokens] * len(batch)))
+            pairs.append(await stack_run(c2, batch, [args.new_tokens] * len(batch)))
     return pairs, singles
 
 

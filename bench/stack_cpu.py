@@ -2,7 +2,7 @@
 preprocessor process and this (client) process, at N concurrent streams, and how many tokens each client chunk
 carried (above 1 when readers fell behind and the pending tokens were merged).
 
-    python -m bench.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+    python -m bench.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3] [--stream-interval 1]
 
 CPU time is read from /proc for the services and from getrusage for this process, so it counts every thread
 (the engine's forward, gRPC's pollers). Run it on two checkouts back to back to compare them.
@@ -40,8 +40,10 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
     args = parser.parse_args()
-    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams)])
+    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
+                                                       "--stream-interval", str(args.stream_interval)])
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             async def one(ids: list[int], n: int) -> tuple[int, int]:

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-prefill-tokens", type=int, default=DEFAULT_MIXED_PREFILL_TOKENS,
                         help="while sequences decode, prompt positions a step may prefill (a longer prompt is "
                              "prefilled over several steps): smaller keeps inter-token latency flat under arrivals")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="send each stream's tokens every N tokens (its first token and its end at once): "
+                             "fewer, larger messages for more throughput, burstier streams")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -72,7 +75,7 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
                        upload_idle_timeout=args.upload_idle_timeout,
                        tensor_parallel_size=args.tensor_parallel_size,
-                       mixed_prefill_tokens=args.mixed_prefill_tokens)
+                       mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)

@@ -22,11 +22,11 @@ import torch
 from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
 from engine.metrics import EngineStats, NoStats
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, PromptPart
 from engine.models import Prompt
 from engine.outbox import Listener, Outbox
 from engine.sampler import make_generator, sample
-from engine.scheduler import PrefillChunk, Scheduler
+from engine.scheduler import PrefillChunk, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
@@ -67,6 +67,7 @@ class LLMEngine:
         self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self.steps = 0  # forwards run; tests and metrics read it
+        self.packed_steps = 0  # of those, mixed steps run as one packed forward
         self.stats: EngineStats = EngineStats()  # Prometheus recording, per step or per request
 
     @property
@@ -128,7 +129,7 @@ class LLMEngine:
         await asyncio.to_thread(validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
-        listener = Listener(asyncio.get_running_loop(), arrival)
+        listener = Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval)
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self._seqs[seq.seq_id] = seq
@@ -189,6 +190,11 @@ class LLMEngine:
         if out.is_empty:
             return False
         self.steps += 1
+        packable = out.decode and (out.prefill or out.chunk is not None) and self.family.packs_mixed_steps
+        if packable and self._mixed(out, arrivals):
+            return True
+        # a decode, then a prefill: the mixed step of a family that cannot pack it, or the fallback of a packed
+        # step that failed (so that a prompt that makes the forward fail fails alone, as in a prefill)
         start = time.perf_counter()
         if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
             self._decode()
@@ -200,6 +206,50 @@ class LLMEngine:
             start = time.perf_counter()
             self._prefill([s for s, _ in admitted])
             self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
+        return True
+
+    def _mixed(self, out: SchedulerOutput, arrivals: list[float | None]) -> bool:
+        """A mixed step as one packed forward: every running row decodes while the admitted prompts (or the next part
+        of a long one) are prefilled; prompts completed in it give their first token in the same step. False when
+        it ran nothing (no prompt left to pack, or the forward failed and recorded nothing): the step runs as two."""
+        start = time.perf_counter()
+        with self._lock:
+            seqs = [self._seqs[i] for i in self.runner.seq_ids]
+        chunk = out.chunk if out.chunk is not None and not out.chunk.seq.is_finished else None
+        owners: list[tuple[Sequence, float | None]] = []
+        parts: list[PromptPart] = []
+        for seq, arrival, first, end in (
+                [(chunk.seq, arrivals[-1], chunk.start, chunk.end)] if chunk is not None else
+                [(s, t, 0, s.prompt_len) for s, t in zip(out.prefill, arrivals, strict=False) if not s.is_finished]):
+            try:  # merged: text, image features, supplied rows (once, at a long prompt's first part)
+                prompt = self.family.prompt(seq.payload) if first == 0 else None
+            except Exception as exc:  # this request's vision/merge failed; the others go on
+                log.exception("request %s: embedding failed", seq.request_id)
+                self._fail([seq], exc)
+                continue
+            parts.append(PromptPart(seq.seq_id, prompt, first, end))
+            owners.append((seq, arrival))
+        if not parts:
+            return False
+        try:
+            decoded, prefilled = self.runner.mixed([s.output_ids[-1] for s in seqs], parts)
+        except Exception:  # nothing was recorded
+            log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(seqs), len(parts))
+            return False
+        self.packed_steps += 1
+        done = owners if chunk is None or prefilled.shape[0] else []
+        if chunk is not None:
+            with self._lock:
+                self.scheduler.chunk_done(chunk.seq, chunk.seq.prompt_len if done else chunk.end)
+        for seq, _ in done:
+            self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
+            seq.payload = None  # prompt tensors are no longer needed
+        # one sampling and one hand-off for the step: the rows' tokens and the first tokens of completed prompts
+        self._postprocess(seqs + [s for s, _ in done], torch.cat([decoded, prefilled]))
+        seconds = time.perf_counter() - start
+        self.stats.decoded(len(seqs), seconds)
+        if done:
+            self._record_prefill([s for s, _ in done], [t for _, t in done], start)
         return True
 
     def _prefill_chunk(self, chunk: PrefillChunk, arrival: float | None) -> None:

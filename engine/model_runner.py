@@ -6,6 +6,11 @@ row where that row ends, and a leaving row's slot is filled by the last row. So 
 leave, except that one row. Slot order is an internal matter: `seq_ids`, `decode`'s tokens and the logits keep
 the order in which sequences joined. The family (engine/models/) says what a position id is, which masks each
 layer type gets, what extra inputs the forward takes, and how its non-attention states join and leave.
+
+A mixed step (every row decodes while prompt positions of arrivals are prefilled) runs as one forward where the family
+allows it (`mixed`): the rows' tokens and the prompt positions packed into one row of tokens, so the linears, norms
+and MLPs run once per step instead of once for the decode and once for the prefill; attention is split per sequence
+(engine/models/attention.py), so each row and each prompt gets what its own forward would give.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from typing import Any
 import torch
 
 from engine.models import ModelFamily, Prompt, StepInputs
-from engine.models.slot_cache import SlotKV
+from engine.models.attention import PACKED
+from engine.models.slot_cache import Segment, SlotKV
 
 PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
+NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
 
 
 def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
@@ -58,6 +65,17 @@ class Pending:
     prompt: Prompt
     slot: int
     done: int = 0  # prompt positions cached
+
+
+@dataclass
+class PromptPart:
+    """Prompt positions [start, end) of one sequence to prefill in a mixed step; `prompt` is given at start 0 (a long
+    prompt continued over several steps is remembered by the runner)."""
+
+    seq_id: int
+    prompt: Prompt | None
+    start: int
+    end: int
 
 
 class ModelRunner:
@@ -163,6 +181,7 @@ class ModelRunner:
             step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
                               prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
             kv.plan_prefill(1, stop - at, past=at, first=slot)
+            kv.plan.reserve = len(prompt.token_ids) + 1  # the buffers grow once: the prompt and its first decode
             logits = self._forward(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
         return logits
 
@@ -213,6 +232,75 @@ class ModelRunner:
         b.kv.refresh()
         b.positions = b.positions + 1
         return logits if b.order is None else logits[b.order]
+
+    @torch.inference_mode()
+    def mixed(self, tokens: list[int], parts: list[PromptPart]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One packed forward: a decode step of every row (`tokens` in `seq_ids` order, as `decode`) and the prompt
+        positions of `parts` -> (logits [rows, vocab] in that order, logits [complete, vocab] of the parts whose prompt
+        is now complete, in part order). Those join the batch (after the rows already in it) and decode from the next
+        step. `parts` are whole prompts, or one part of a long prompt prefilled over several steps. Only for a family
+        whose `packs_mixed_steps`. On an exception nothing is recorded (every write went past the rows' ends or into
+        slots not in use), so the batch can still decode."""
+        b, f = self.batch, self.family
+        assert b is not None and len(tokens) == len(b.seq_ids) and parts
+        kv = b.kv
+        rows = kv.rows
+        first = parts[0]
+        whole = all(p.start == 0 and p.prompt is not None and p.end == len(p.prompt.token_ids) for p in parts)
+        if whole:  # new rows, in the slots after the rows in use
+            assert self.pending is None
+            pending = None
+            pieces = [(p.prompt, rows + k, 0, p.end) for k, p in enumerate(parts)]
+        else:  # a part of the one long prompt: its slot is the one after the rows in use
+            assert len(parts) == 1
+            if first.start == 0:
+                assert self.pending is None and first.prompt is not None
+                pending = Pending(first.seq_id, first.prompt, rows)
+            else:
+                pending = self.pending
+                assert pending is not None and pending.seq_id == first.seq_id and pending.done == first.start
+            pieces = [(pending.prompt, pending.slot, first.start, first.end)]
+        order = b.order
+        ids = torch.tensor(tokens, dtype=torch.long, device=f.device)
+        if order is not None:  # into slot order
+            ids = torch.empty_like(ids).index_put_((order,), ids)
+        embeds = torch.cat([f.lookup(ids), *(p.embeds[s:e] for p, _, s, e in pieces)])[None]  # [1, N, hidden]
+        positions = torch.cat([b.positions[None].expand(f.position_dims, -1),
+                               *(p.positions[:, s:e] for p, _, s, e in pieces)], 1)[:, None]  # [D, 1, N]
+        kv.plan_packed([Segment(slot, s, e - s) for _, slot, s, e in pieces], f.device,
+                       reserve=max(len(p.token_ids) for p, *_ in pieces) + 1)  # grow once: prompt + first decode
+        try:
+            out = f.backbone(
+                inputs_embeds=embeds,
+                # any 4-D mask makes transformers build none; the real ones (one per part) ride in the plan
+                attention_mask=NO_MASK,
+                position_ids=positions[0] if f.position_dims == 1 else positions,
+                cache=b.cache,
+                use_cache=True,
+                **{PACKED: kv.plan.packed},
+            )
+        finally:
+            kv.refresh()
+        lasts = torch.tensor([e - s for _, _, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token
+        complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
+        hidden = out.last_hidden_state[0]  # [N, hidden]
+        logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
+        kv.advance()
+        b.positions = b.positions + 1
+        if pending is not None:
+            pending.done = first.end
+        self.pending = pending if pending is not None and not complete else None
+        if complete:
+            kv.add_rows([0] * len(complete), [pieces[k][3] for k in complete])
+            joined = [parts[k].seq_id for k in complete]
+            b.seq_ids += joined
+            b.slot_seqs += joined
+            nexts = [pieces[k][0].next_position for k in complete]
+            b.positions = torch.cat([b.positions, b.positions.new_tensor(nexts)])
+            b.reorder()
+        kv.refresh()
+        decoded = logits[:rows]
+        return (decoded if order is None else decoded[order]), logits[rows:]
 
     @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:

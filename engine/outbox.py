@@ -6,6 +6,9 @@ token per listener. On the loop, each listener keeps a plain list of pending ite
 future: a consumer that was busy (a slow gRPC reader, a saturated loop) finds several outputs pending and
 takes them as one merged EngineOutput, so a reader that falls behind gets fewer, larger messages and never a
 lost or reordered token.
+
+With a stream interval N (--stream-interval), the consumer is woken for its first output, then only once N tokens
+are pending, or the stream ended: the merging above, on purpose, so each hop carries about 1/N of the messages.
 """
 
 from __future__ import annotations
@@ -21,30 +24,43 @@ Item = EngineOutput | BaseException  # an exception ends the stream (error, abor
 
 @dataclass(eq=False)
 class Listener:
-    """Where one sequence's outputs go. `pending` and `waiter` are touched only on `loop`."""
+    """Where one sequence's outputs go. Everything but `loop`, `arrival` and `interval` is touched only on `loop`."""
 
     loop: asyncio.AbstractEventLoop
     arrival: float = 0.0  # time.perf_counter() when generate() was called: time to first token
+    interval: int = 1  # tokens to collect before waking the consumer again, once its first output went out
     pending: list[Item] = field(default_factory=list)
+    pending_tokens: int = 0
+    started: bool = False  # the consumer has taken something
     waiter: asyncio.Future | None = None  # set while the consumer waits for the next item
+
+    def ready(self) -> bool:
+        """The consumer should take what is pending: the first output, an interval's worth, or the stream's end."""
+        if not self.pending:
+            return False
+        last = self.pending[-1]
+        return (not self.started or self.pending_tokens >= self.interval or isinstance(last, BaseException)
+                or last.finished)
 
     def deliver(self, item: Item) -> None:
         """On the loop."""
         self.pending.append(item)
-        if self.waiter is not None and not self.waiter.done():
+        if isinstance(item, EngineOutput):
+            self.pending_tokens += len(item.token_ids)
+        if self.waiter is not None and not self.waiter.done() and self.ready():
             self.waiter.set_result(None)
 
     async def take(self) -> tuple[EngineOutput | None, BaseException | None]:
-        """Waits for at least one item; returns every pending output merged into one (None if the first item
-        is an exception) and the exception that follows them, if any. Items after an exception never exist:
-        it is the last thing a sequence sends."""
-        while not self.pending:
+        """Waits until `ready`; returns every pending output merged into one (None if the first item is an
+        exception) and the exception that follows them, if any. Items after an exception never exist: it is the
+        last thing a sequence sends."""
+        while not self.ready():
             self.waiter = self.loop.create_future()
             try:
                 await self.waiter
             finally:
                 self.waiter = None
-        items, self.pending = self.pending, []
+        items, self.pending, self.pending_tokens, self.started = self.pending, [], 0, True
         error = items[-1] if isinstance(items[-1], BaseException) else None
         outputs = items[:-1] if error is not None else items
         return (EngineOutput.merge(outputs) if outputs else None), error

@@ -6,6 +6,11 @@ masked prefill (left-padded rows, a chunk of a long prompt, Gemma 3's image bloc
 2.13's CPU SDPA takes enable_gqa with an attention mask and gives the same numbers as the repeat (checked in
 tests/engine/test_attention.py). Everything else is transformers' own function unchanged, and masks for it are
 built by transformers' own SDPA mask function (registered under the same name).
+
+A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/model_runner.py
+`mixed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
+queries attend their own slots' columns (one batched call, as a decode step does), and each prompt segment attends
+its slot causally (one call each, as a prefill chunk does), so every part computes what its own forward would.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from engine.models.slot_cache import Packed
+
 NAME = "splice_sdpa"
+PACKED = "splice_packed"  # the backbone keyword carrying a packed forward's Packed
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [rows, heads, q, d], key/value [rows, kv_heads, T, d] -> ([rows, q, heads, d], None)."""
+    packed = kwargs.pop(PACKED, None)
+    if packed is not None:
+        return packed_sdpa(module, query, key, value, packed, scaling, **kwargs), None
     groups = getattr(module, "num_key_value_groups", 1)
     q = query.shape[2]
     if (attention_mask is None or q == 1 or groups == 1 or kwargs.get("position_bias") is not None
@@ -33,6 +44,29 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed,
+                scaling: float | None, **kwargs: Any) -> torch.Tensor:
+    """query [1, heads, N, d] of a packed forward, key/value [slots, kv_heads, T, d] (the slot buffers) ->
+    [1, N, heads, d]: the decode rows and every segment, each attending only its own slot."""
+    q = query[0]  # [heads, N, d]
+    outs = []
+    n, width = packed.rows, packed.decode_width
+    if n:
+        rows = q[:, :n].transpose(0, 1)[:, :, None]  # [rows, heads, 1, d]
+        out, _ = grouped_sdpa(module, rows, key[:n, :, :width], value[:n, :, :width], packed.decode_mask,
+                              scaling=scaling, **kwargs)
+        outs.append(out[:, 0])  # [rows, heads, d]
+    at = n
+    for s, mask in zip(packed.segments, packed.segment_masks, strict=True):
+        cols = s.past + s.length
+        part = q[None, :, at:at + s.length]  # [1, heads, length, d]
+        out, _ = grouped_sdpa(module, part, key[s.slot:s.slot + 1, :, :cols], value[s.slot:s.slot + 1, :, :cols],
+                              mask, scaling=scaling, **kwargs)
+        outs.append(out[0])  # [length, heads, d]
+        at += s.length
+    return torch.cat(outs)[None]
 
 
 def use_grouped_sdpa(model: torch.nn.Module) -> None:

@@ -89,6 +89,10 @@ class ModelFamily:
     name: ClassVar[str] = "causal-lm"
     model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
     position_dims: ClassVar[int] = 1
+    # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/model_runner.py
+    # `mixed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
+    # needs no extra inputs and the cache holds keys and values only. A family overriding any of those says False.
+    packs_mixed_steps: ClassVar[bool] = True
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model

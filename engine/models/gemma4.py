@@ -71,6 +71,7 @@ class Gemma4Images:
 class Gemma4(ModelFamily):
     name = "gemma4"
     model_types: ClassVar[tuple[str, ...]] = ("gemma4",)
+    packs_mixed_steps = False  # per-layer inputs and one mask per layer type
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

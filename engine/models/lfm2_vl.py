@@ -52,6 +52,7 @@ class Lfm2VlImages:
 class Lfm2Vl(ModelFamily):
     name = "lfm2_vl"
     model_types: ClassVar[tuple[str, ...]] = ("lfm2_vl",)
+    packs_mixed_steps = False  # convolution states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

@@ -60,6 +60,7 @@ class NemotronOmniImages:
 class NemotronH(ModelFamily):
     name = "nemotron_h"
     model_types: ClassVar[tuple[str, ...]] = ("nemotron_h_omni", "nemotron_h")
+    packs_mixed_steps = False  # Mamba states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

@@ -18,6 +18,7 @@ from engine.models.qwen2_vl import Qwen2VL
 class Qwen3_5(Qwen2VL):
     name = "qwen3_5"
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_5",)
+    packs_mixed_steps = False  # linear-attention states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

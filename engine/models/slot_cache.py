@@ -1,15 +1,21 @@
 """Key/value storage whose rows stay where they are while other rows join and leave (one slot per sequence).
 
 Every attention layer owns two preallocated buffers [slots, kv_heads, columns, head_dim], grown by doubling (so
-growing is amortized, never a torch.cat per step). A sequence lives in one slot: its real keys are the columns
-[start, end) of that slot (start > 0 when it was left-padded in a group prefill), and its next token is written at
-column `end`. Keys are cached after RoPE, so the columns of different rows need not line up: the attention mask says
-which columns of each row are real, and is omitted when every row spans the same columns.
+growing is amortized, never a torch.cat per step; columns in powers of two, and for a long prompt's whole length and
+its first decoded token at its first part, so that a prompt prefilled over several steps makes the buffers grow once,
+not once per part and again at its first decode: a growth copies every slot and stalls that step). A sequence lives
+in one slot: its real keys are the columns [start, end) of that slot (start > 0 when it was left-padded in a group
+prefill), and its next token is written at column `end`. Keys are cached after RoPE, so the columns of different rows
+need not line up: the attention mask says which columns of each row are real, and is omitted when every row spans the
+same columns.
 
 - A forward is planned first (`plan_prefill` / `plan_decode`): which slots it covers, where each row writes, how
   many columns attention reads. Each layer's `update` writes there and returns views of the buffers.
 - New rows go to the next free slots; a leaving row's slot is filled by moving the last row into it (that one row's
   columns copied, nothing else moves) and the slot count shrinks.
+- A mixed step may run as one packed forward (`plan_packed`): its tokens are one row [1, N], one decode token per row
+  in use and then the prompt positions of some sequences (`Segment`s); `update` writes each token's key where its
+  sequence goes and the attention function (engine/models/attention.py) splits the queries by `Packed`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,30 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Prompt positions [past, past + length) of the sequence in `slot`, in a packed forward: they attend that slot's
+    columns before them and each other causally."""
+
+    slot: int
+    past: int
+    length: int
+
+
+@dataclass
+class Packed:
+    """How a packed forward's N tokens split: first one decode token for each of the `rows` rows in use (written at
+    that row's end), then the segments' prompt positions in order."""
+
+    rows: int
+    cols: torch.Tensor | None  # [rows] long, the column each row writes; None when all write at `col`
+    col: int
+    decode_width: int  # columns the decode queries read: the widest row's end + 1
+    decode_mask: torch.Tensor | None  # [rows, 1, 1, decode_width] bool (True = attend); None when all are real
+    segments: list[Segment]
+    segment_masks: list[torch.Tensor | None]  # [1, 1, length, past + length] bool; None = plainly causal (past 0)
 
 
 @dataclass
@@ -32,6 +62,8 @@ class Plan:
     cols: torch.Tensor | None = None  # [count] long, when rows write at different columns
     width: int = 0
     q: int = 0
+    packed: Packed | None = None  # a packed forward's split (then `count` slots from 0 and `width` bound the writes)
+    reserve: int = 0  # columns the buffers should hold after this forward, if more than `width`
 
     @property
     def past(self) -> int:
@@ -76,6 +108,27 @@ class SlotKV:
         cols = None if col is not None else torch.tensor(self.end)
         self.plan = Plan(0, self.rows, col or 0, cols, self.width + 1, 1)
 
+    def plan_packed(self, segments: list[Segment], device: torch.device | None = None, reserve: int = 0) -> None:
+        """A packed forward: one new column for every row in use, each at its own end, then `segments` (`reserve`: a
+        long prompt's whole length, as in Plan)."""
+        rows = self.rows
+        same = len(set(self.end)) <= 1
+        cols = None if same else torch.tensor(self.end, device=device)
+        decode_width = self.width + 1 if rows else 0
+        decode_mask = None
+        if rows and not (same and not any(self.start)):  # some row's columns are not all real
+            decode_mask = self.key_mask(1).bool()[:, None, None].to(device)
+        masks: list[torch.Tensor | None] = []
+        for s in segments:
+            key = torch.arange(s.past + s.length, device=device)
+            query = s.past + torch.arange(s.length, device=device)
+            masks.append((key[None, :] <= query[:, None])[None, None] if s.past else None)
+        packed = Packed(rows, cols, self.end[0] if same and rows else 0, decode_width, decode_mask, list(segments),
+                        masks)
+        slots = max([rows, *(s.slot + 1 for s in segments)])
+        width = max([decode_width, *(s.past + s.length for s in segments)])
+        self.plan = Plan(0, slots, 0, None, width, rows + sum(s.length for s in segments), packed, reserve)
+
     def key_mask(self, q: int) -> torch.Tensor:
         """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask)."""
         col = torch.arange(self.width + q)
@@ -113,6 +166,11 @@ class SlotKV:
             layer.show(self.rows, self.width)
 
 
+def power_of_two(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 class SlotLayer(DynamicLayer):
     """One attention layer's buffers; `update` writes where the plan says and returns the columns to attend."""
 
@@ -128,11 +186,11 @@ class SlotLayer(DynamicLayer):
             return
         old_k, old_v = self.k_buf, self.v_buf
         if old_k is None:
-            shape = [slots, like.shape[1], width, like.shape[3]]
+            shape = [slots, like.shape[1], power_of_two(width), like.shape[3]]
         else:
             n, cap = old_k.shape[0], old_k.shape[2]
             shape = [n if slots <= n else max(slots, 2 * n), like.shape[1],
-                     cap if width <= cap else max(width, 2 * cap), like.shape[3]]
+                     cap if width <= cap else power_of_two(max(width, 2 * cap)), like.shape[3]]
         self.k_buf = like.new_zeros(shape)
         self.v_buf = like.new_zeros(shape)
         if old_k is not None:
@@ -145,8 +203,10 @@ class SlotLayer(DynamicLayer):
         """key/value_states [count, kv_heads, q, head_dim] -> views [count, kv_heads, width, head_dim]."""
         p = self.kv.plan
         last = p.first + p.count
-        self._reserve(key_states, last, p.width)
-        if p.cols is None:
+        self._reserve(key_states, last, max(p.width, p.reserve))
+        if p.packed is not None:
+            self._write_packed(key_states[0], value_states[0], p.packed)
+        elif p.cols is None:
             q = key_states.shape[2]
             self.k_buf[p.first:last, :, p.col:p.col + q] = key_states
             self.v_buf[p.first:last, :, p.col:p.col + q] = value_states
@@ -157,6 +217,23 @@ class SlotLayer(DynamicLayer):
         self.keys = self.k_buf[p.first:last, :, :p.width]
         self.values = self.v_buf[p.first:last, :, :p.width]
         return self.keys, self.values
+
+    def _write_packed(self, keys: torch.Tensor, values: torch.Tensor, packed: Packed) -> None:
+        """keys/values [kv_heads, N, head_dim] of a packed forward, each token where its sequence goes."""
+        n = packed.rows
+        if n:
+            if packed.cols is None:
+                self.k_buf[:n, :, packed.col] = keys[:, :n].transpose(0, 1)  # [rows, kv_heads, head_dim]
+                self.v_buf[:n, :, packed.col] = values[:, :n].transpose(0, 1)
+            else:
+                rows = torch.arange(n, device=keys.device)
+                self.k_buf[rows, :, packed.cols] = keys[:, :n].transpose(0, 1)
+                self.v_buf[rows, :, packed.cols] = values[:, :n].transpose(0, 1)
+        at = n
+        for s in packed.segments:
+            self.k_buf[s.slot, :, s.past:s.past + s.length] = keys[:, at:at + s.length]
+            self.v_buf[s.slot, :, s.past:s.past + s.length] = values[:, at:at + s.length]
+            at += s.length
 
     def copy_row(self, src: int, dst: int, width: int) -> None:
         if self.k_buf is not None:

@@ -295,7 +295,14 @@ async def test_a_prefill_failure_in_a_group_fails_only_that_request(text_engine,
             raise RuntimeError("forward failed")
         return real_prefill(seq_ids, prompts)
 
+    def mixed(tokens, parts):  # the group joins while `first` decodes: a packed step, which falls back to two
+        if any(p.prompt is not None and float(p.prompt.embeds[0, 0]) == poison for p in parts):
+            raise RuntimeError("forward failed")
+        return real_mixed(tokens, parts)
+
+    real_mixed = engine.runner.mixed
     monkeypatch.setattr(engine.runner, "prefill", prefill)
+    monkeypatch.setattr(engine.runner, "mixed", mixed)
     rows = torch.full((2, engine.info.hidden_size), poison)
     bad = EngineRequest("bad", [0, 0, 5], [EmbedSpan(0, 2, 0)], [NamedTensor(PROMPT_EMBEDS, rows)],
                         SamplingParams(**GREEDY, max_tokens=4))

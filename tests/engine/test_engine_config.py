@@ -18,6 +18,7 @@ from engine.loader import pick_device, pick_dtype
     (dict(max_running_seqs=8, max_batch_tokens=4), "max_batch_tokens"),
     (dict(max_queue=-1), "max_queue"),
     (dict(mixed_prefill_tokens=0), "mixed_prefill_tokens"),
+    (dict(stream_interval=0), "stream_interval"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size"),
 ])
 def test_invalid_configs_are_rejected(kwargs, match):

@@ -11,7 +11,7 @@ import pytest
 
 from engine.outbox import Listener, Outbox
 from splice.engine_output import EngineOutput, FinishReason, Usage
-from tests.engine.engine_factories import collect, random_ids, text_request
+from tests.engine.engine_factories import collect, random_ids, start_engine, text_request
 
 
 def test_merge_concatenates_in_order_and_keeps_the_last_finish():
@@ -89,3 +89,38 @@ async def test_a_slow_reader_gets_merged_outputs_with_the_same_tokens(text_engin
     assert len(outs) < len(fast) and len(outs[-1].token_ids) > 1
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
     assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].usage == Usage(7, 40)
+
+
+async def test_a_stream_interval_wakes_the_reader_for_the_first_token_then_every_n_and_at_the_end():
+    listener = Listener(asyncio.get_running_loop(), interval=3)
+    listener.deliver(EngineOutput((1,)))
+    assert await listener.take() == (EngineOutput((1,)), None)  # the first token at once: TTFT unchanged
+    waiting = asyncio.ensure_future(listener.take())
+    for tok in (2, 3):
+        listener.deliver(EngineOutput((tok,)))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # fewer than 3 tokens pending: the reader sleeps on
+    listener.deliver(EngineOutput((4,)))
+    assert await waiting == (EngineOutput((2, 3, 4)), None)
+    listener.deliver(EngineOutput((5,)))
+    listener.deliver(EngineOutput((6,), finish_reason=FinishReason.STOP, usage=Usage(2, 6)))
+    assert await listener.take() == (EngineOutput((5, 6), finish_reason=FinishReason.STOP, usage=Usage(2, 6)), None)
+    boom = RuntimeError("boom")
+    for item in (EngineOutput((7,)), boom):  # an error ends the stream at once too, after what preceded it
+        listener.deliver(item)
+    assert await listener.take() == (EngineOutput((7,)), boom)
+
+
+async def test_an_engine_with_a_stream_interval_sends_the_same_tokens_in_fewer_outputs(tiny_dirs, text_engine):
+    ids = random_ids(9, seed=5)
+    solo, _ = await collect(text_engine, text_request(ids, "every-token", max_tokens=23))
+    engine = start_engine(tiny_dirs["tiny-text"], stream_interval=5)
+    try:
+        tokens, outs = await collect(engine, text_request(ids, "every-5", max_tokens=23))
+    finally:
+        engine.stop()
+    assert tokens == solo
+    sizes = [len(o.token_ids) for o in outs]
+    # the first token alone, then at least 5 per output (more when the reader lagged), the end with the last
+    assert sizes[0] == 1 and all(n >= 5 for n in sizes[1:-1]) and sum(sizes) == 23
+    assert len(outs) <= 1 + -(-22 // 5) and outs[-1].finish_reason is FinishReason.LENGTH
