@@ -9,19 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from splice import tensor_chunks as chunking
 from splice.engine_request import EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from splice.tensor_assembly import Declared, TensorAssembly
-from splice.tensor_chunks import CHUNK_BYTES, tensor_chunks
 from splice.tensors import dtype_from_name, dtype_name
 from splice.v1 import common_pb2, engine_pb2
 
 MAX_TENSORS = 64
 MAX_REQUEST_BYTES = 1 << 30
-# A request whose parts serialize to at most this goes as one GenerateWhole message: no larger than one chunk of
-# the stream, so it stays as far below gRPC's message limits as the stream's parts do.
-WHOLE_REQUEST_BYTES = CHUNK_BYTES
 _PART_OVERHEAD = 16  # bytes a part adds around its header or chunk (tags, lengths, the tensor index)
 
 
@@ -43,14 +40,17 @@ def encode_request(req: EngineRequest, chunk_bytes: int | None = None,
                    header: engine_pb2.GenerateRequestPart | None = None) -> Iterator[engine_pb2.GenerateRequestPart]:
     """The Generate stream's parts, each built when asked for; `header`: encode_header(req), if already built."""
     yield header or encode_header(req)
-    for chunk in tensor_chunks([t.tensor for t in req.tensors], chunk_bytes):
+    for chunk in chunking.tensor_chunks([t.tensor for t in req.tensors], chunk_bytes):
         yield engine_pb2.GenerateRequestPart(chunk=chunk)
 
 
 def encode_whole(req: EngineRequest, header: engine_pb2.GenerateRequestPart,
-                 max_bytes: int = WHOLE_REQUEST_BYTES) -> engine_pb2.GenerateRequest | None:
+                 max_bytes: int | None = None) -> engine_pb2.GenerateRequest | None:
     """`req` as one GenerateWhole message (its header, then one chunk per tensor), or None when it would be larger
-    than `max_bytes`: then it goes as the Generate stream. `header`: encode_header(req)."""
+    than `max_bytes`: then it goes as the Generate stream. `header`: encode_header(req). The bound defaults to the
+    stream's chunk size (splice.tensor_chunks.CHUNK_BYTES), so the whole message stays as far below gRPC's message
+    limits as the stream's parts do."""
+    max_bytes = max_bytes or chunking.CHUNK_BYTES
     sizes = [t.tensor.numel() * t.tensor.element_size() for t in req.tensors]
     if header.ByteSize() + sum(sizes) + _PART_OVERHEAD * (len(sizes) + 1) > max_bytes:
         return None
