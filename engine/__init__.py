@@ -1,7 +1,8 @@
 """splice.v1.Engine: serves one HF model for the preprocessor (DESIGN.md, engine steps 1-6).
 
 A request's life, file by file:
-1. servicer.py   reassembles the Generate client stream (splice.engine_wire.RequestAssembler).
+1. servicer.py   reassembles the Generate client stream (splice.engine_wire.RequestAssembler), or the same parts
+   whole in one GenerateWhole message, and goes on as soon as the declared bytes are in.
 2. llm_engine.py `generate()` re-validates it (splice.request_rules, the same rules the preprocessor
    applied, + validate.py: image rows vs the vision family) and queues a Sequence (sequence.py).
 3. scheduler.py  admits it at the next step boundary, within the running / token / queue limits (while

@@ -2,6 +2,10 @@
 
 Errors are raised as SpliceError and mapped to status codes by splice.grpc_errors.ErrorInterceptor.
 A cancelled call cancels this handler's task; leaving `engine.generate` aborts the sequence.
+Generation starts as soon as the request is whole (its header and every tensor byte the header declared), not
+at the stream's half-close, which comes in a later frame: the half-close (or a part too many, an error) is read
+beside the generation.
+GenerateWhole (the same parts in one message) is read as that stream.
 Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
 preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
 """
@@ -9,7 +13,8 @@ preprocessor's weighted round robin reads, and is refused when its model fingerp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
 
 import grpc
 
@@ -19,6 +24,11 @@ from splice.engine_wire import RequestAssembler
 from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+
+async def _as_stream(parts: Iterable[engine_pb2.GenerateRequestPart]) -> AsyncIterator[engine_pb2.GenerateRequestPart]:
+    for part in parts:
+        yield part
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -63,6 +73,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise DeadlineExceeded(f"the Generate stream sent nothing for {self.upload_idle_timeout:g} s after "
                                    f"{received} parts; its upload is abandoned (--upload-idle-timeout)") from None
 
+    @staticmethod
+    async def _end_of(parts: AsyncIterator[engine_pb2.GenerateRequestPart], received: int, declared: int) -> None:
+        """The request is whole: the next thing on its stream must be the end. Not timed: the call's generation
+        bounds how long this waits."""
+        if await anext(parts, None) is not None:
+            raise InvalidArgument(f"Generate stream part {received} arrived after the request was complete (its "
+                                  f"header and all {declared} declared tensor bytes); the stream must end there")
+
     def _ready(self) -> LLMEngine:
         if self.engine is None:
             raise Unavailable("engine is loading; watch grpc.health.v1 for SERVING")
@@ -79,6 +97,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             context.set_trailing_metadata(((TRAILER, self._load_report()),))
             self._in_flight -= 1
             self._rate.finished()
+
+    async def GenerateWhole(self, request: engine_pb2.GenerateRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """Generate's parts in one message: read as that stream, with its checks, budget, errors and trailers."""
+        async for out in self.Generate(_as_stream(request.parts), context):
+            yield out
 
     async def _generate(self, engine: LLMEngine, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                         ) -> AsyncIterator[engine_pb2.GenerateResponse]:
@@ -101,7 +125,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         held = 0
         try:
             received = 1
-            while (part := await self._next(parts, received)) is not None:
+            # Until the request is whole (header + every declared tensor byte), not until the stream's half-close:
+            # that arrives in a later frame, and waiting for it would delay every first token.
+            while not assembler.complete and (part := await self._next(parts, received)) is not None:
                 nbytes = len(part.chunk.data)
                 if not self.budget.take(nbytes):
                     # Read and drop the rest: a server that stops reading mid-stream makes the client see its
@@ -112,8 +138,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 held += nbytes
                 assembler.feed(part)
                 received += 1
-            async for out in engine.generate(assembler.finish()):
-                yield out.to_pb()
+            request = assembler.finish()  # raises if the stream ended short of the declared bytes
+            # The stream must end now; its end (or a part too many) is read beside the generation.
+            end = asyncio.ensure_future(self._end_of(parts, received, assembler.declared_bytes))
+            try:
+                async with aclosing(engine.generate(request)) as outputs:
+                    async for out in outputs:
+                        if end.done():  # a part after the request was whole: INVALID_ARGUMENT, the sequence aborts
+                            end.result()
+                        yield out.to_pb()
+                if end.done():
+                    end.result()
+            finally:
+                if not end.cancel() and not end.cancelled():
+                    end.exception()  # ended after the last check: its error came too late to matter (retrieved)
         finally:
             self.budget.give(held)
 

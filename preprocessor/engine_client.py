@@ -1,4 +1,5 @@
-"""Async client of splice.v1.Engine: ModelInfo, and Generate as an async generator of EngineOutput.
+"""Async client of splice.v1.Engine: ModelInfo, and Generate as an async generator of EngineOutput (a request
+that fits in one message goes as GenerateWhole, a larger one as the Generate stream).
 
 Closing the generator (the Chat caller went away, or a stop string matched) cancels the engine call,
 which aborts the sequence there.
@@ -12,7 +13,7 @@ import grpc
 
 from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
-from splice.engine_wire import encode_request
+from splice.engine_wire import encode_header, encode_request, encode_whole
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_options import replica_options
 from splice.model_info import ModelInfo
@@ -59,7 +60,12 @@ class EngineClient:
         return ModelInfo.from_pb(pb)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        call = self._stub.Generate(paced(encode_request(request)), metadata=self._metadata)
+        header = encode_header(request)
+        whole = encode_whole(request, header)
+        if whole is not None:  # one message: no stream round trips before the engine can start
+            call = self._stub.GenerateWhole(whole, metadata=self._metadata)
+        else:
+            call = self._stub.Generate(paced(encode_request(request, header=header)), metadata=self._metadata)
         try:
             async for pb in call:
                 yield EngineOutput.from_pb(pb)

@@ -1,4 +1,5 @@
-"""EngineRequest <-> the Generate client stream (a header, then bounded tensor chunks).
+"""EngineRequest <-> the Generate client stream (a header, then bounded tensor chunks), or the same parts whole in
+one GenerateWhole message when they fit in one chunk's size.
 
 Structural checks live here (header first, declared sizes, chunk order, byte counts); what the IDs and
 spans mean is checked by the engine's validator.
@@ -8,19 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from splice import tensor_chunks as chunking
 from splice.engine_request import EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from splice.tensor_assembly import Declared, TensorAssembly
-from splice.tensor_chunks import tensor_chunks
 from splice.tensors import dtype_from_name, dtype_name
 from splice.v1 import common_pb2, engine_pb2
 
 MAX_TENSORS = 64
 MAX_REQUEST_BYTES = 1 << 30
+_PART_OVERHEAD = 16  # bytes a part adds around its header or chunk (tags, lengths, the tensor index)
 
 
-def encode_request(req: EngineRequest, chunk_bytes: int | None = None) -> Iterator[engine_pb2.GenerateRequestPart]:
+def encode_header(req: EngineRequest) -> engine_pb2.GenerateRequestPart:
     header = engine_pb2.GenerateHeader(
         request_id=req.request_id,
         token_ids=req.token_ids,
@@ -31,9 +33,28 @@ def encode_request(req: EngineRequest, chunk_bytes: int | None = None) -> Iterat
         sampling=req.sampling.to_pb(),
         model_fingerprint=req.model_fingerprint,
     )
-    yield engine_pb2.GenerateRequestPart(header=header)
-    for chunk in tensor_chunks([t.tensor for t in req.tensors], chunk_bytes):
+    return engine_pb2.GenerateRequestPart(header=header)
+
+
+def encode_request(req: EngineRequest, chunk_bytes: int | None = None,
+                   header: engine_pb2.GenerateRequestPart | None = None) -> Iterator[engine_pb2.GenerateRequestPart]:
+    """The Generate stream's parts, each built when asked for; `header`: encode_header(req), if already built."""
+    yield header or encode_header(req)
+    for chunk in chunking.tensor_chunks([t.tensor for t in req.tensors], chunk_bytes):
         yield engine_pb2.GenerateRequestPart(chunk=chunk)
+
+
+def encode_whole(req: EngineRequest, header: engine_pb2.GenerateRequestPart,
+                 max_bytes: int | None = None) -> engine_pb2.GenerateRequest | None:
+    """`req` as one GenerateWhole message (its header, then one chunk per tensor), or None when it would be larger
+    than `max_bytes`: then it goes as the Generate stream. `header`: encode_header(req). The bound defaults to the
+    stream's chunk size (splice.tensor_chunks.CHUNK_BYTES), so the whole message stays as far below gRPC's message
+    limits as the stream's parts do."""
+    max_bytes = max_bytes or chunking.CHUNK_BYTES
+    sizes = [t.tensor.numel() * t.tensor.element_size() for t in req.tensors]
+    if header.ByteSize() + sum(sizes) + _PART_OVERHEAD * (len(sizes) + 1) > max_bytes:
+        return None
+    return engine_pb2.GenerateRequest(parts=list(encode_request(req, max(sizes, default=1) or 1, header)))
 
 
 class RequestAssembler:
@@ -49,6 +70,12 @@ class RequestAssembler:
     def declared_bytes(self) -> int:
         """Total tensor bytes the header announced (0 before the header)."""
         return sum(d.nbytes for d in self._tensors.declared) if self._tensors else 0
+
+    @property
+    def complete(self) -> bool:
+        """The header and every tensor byte it declared have arrived: the request is whole, and anything more
+        on the stream is a protocol error."""
+        return self._tensors is not None and self._tensors.complete
 
     def feed(self, part: engine_pb2.GenerateRequestPart) -> None:
         kind = part.WhichOneof("part")

@@ -36,6 +36,12 @@ class TensorAssembly:
                        for t in self._tensors]
         self._filled = [0] * len(declared)
         self._current = 0
+        self._missing = sum(d.nbytes for d in declared)  # declared bytes not arrived yet
+
+    @property
+    def complete(self) -> bool:
+        """Every declared byte has arrived (true at once when nothing, or only empty tensors, was declared)."""
+        return self._missing == 0
 
     def add(self, index: int, data: bytes) -> None:
         """The next bytes of declared tensor `index`."""
@@ -53,6 +59,7 @@ class TensorAssembly:
                                   f"{self.declared[index].nbytes}")
         self._bytes[index][start:end] = np.frombuffer(data, dtype=np.uint8)
         self._filled[index] = end
+        self._missing -= len(data)
 
     def _check_complete(self, i: int) -> None:
         got, want = self._filled[i], self.declared[i].nbytes

@@ -7,7 +7,7 @@ import torch
 
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
-from splice.engine_wire import RequestAssembler, encode_request
+from splice.engine_wire import RequestAssembler, encode_header, encode_request, encode_whole
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from splice.tensors import from_bytes, tensor_from_pb, tensor_to_pb
@@ -65,6 +65,36 @@ def test_request_chunks_are_bounded_and_reassemble_exactly():
     for a, b in zip(back.tensors, req.tensors, strict=True):
         assert a.name == b.name and torch.equal(a.tensor, b.tensor)
     assert set(back.model_inputs) == {"pixel_values"}
+
+
+def test_a_request_that_fits_goes_whole_with_one_chunk_per_tensor_and_reassembles_exactly():
+    req = _request()
+    header = encode_header(req)
+    whole = encode_whole(req, header)
+    assert whole is not None and whole.ByteSize() <= 1 << 20
+    assert [p.WhichOneof("part") for p in whole.parts] == ["header"] + ["chunk"] * len(req.tensors)
+    assert [p.chunk.tensor_index for p in whole.parts[1:]] == list(range(len(req.tensors)))
+    asm = RequestAssembler()
+    assert not asm.complete
+    asm.feed(whole.parts[0])
+    for p in whole.parts[1:]:
+        assert not asm.complete  # declared bytes still missing
+        asm.feed(p)
+    assert asm.complete
+    back = asm.finish()
+    assert back.token_ids == req.token_ids and back.embed_spans == req.embed_spans and back.sampling == req.sampling
+    for a, b in zip(back.tensors, req.tensors, strict=True):
+        assert a.name == b.name and torch.equal(a.tensor, b.tensor)
+    # larger than the bound: None, and the stream carries it
+    tensor_bytes = sum(t.tensor.numel() * t.tensor.element_size() for t in req.tensors)
+    assert encode_whole(req, header, max_bytes=tensor_bytes) is None
+    assert encode_whole(req, header, max_bytes=whole.ByteSize() + 1024) is not None  # the bound is conservative
+
+
+def test_a_header_declaring_no_tensor_bytes_is_complete_at_once():
+    asm = RequestAssembler()
+    asm.feed(encode_header(EngineRequest("t", [1, 2, 3])))
+    assert asm.complete and asm.finish().token_ids == [1, 2, 3]
 
 
 def test_assembler_rejects_truncated_and_misordered_streams():

@@ -41,6 +41,12 @@ class GenerateRequestPart(_message.Message):
     chunk: _common_pb2.TensorChunk
     def __init__(self, header: _Optional[_Union[GenerateHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
+class GenerateRequest(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[GenerateRequestPart]
+    def __init__(self, parts: _Optional[_Iterable[_Union[GenerateRequestPart, _Mapping]]] = ...) -> None: ...
+
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "logprobs", "finish_reason", "usage")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class EngineStub:
                 request_serializer=splice_dot_v1_dot_engine__pb2.GenerateRequestPart.SerializeToString,
                 response_deserializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateWhole = channel.unary_stream(
+                '/splice.v1.Engine/GenerateWhole',
+                request_serializer=splice_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/splice.v1.Engine/GetModelInfo',
                 request_serializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
@@ -59,6 +64,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateWhole(self, request, context):
+        """The same request whole, in one message no larger than one tensor chunk (a short prompt, an image or two):
+        the same answers, errors and trailers as Generate, without a stream's round trips before the first token
+        (its metadata, each part and the half-close go out one after the other).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -71,6 +85,11 @@ def add_EngineServicer_to_server(servicer, server):
             'Generate': grpc.stream_stream_rpc_method_handler(
                     servicer.Generate,
                     request_deserializer=splice_dot_v1_dot_engine__pb2.GenerateRequestPart.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateWhole': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateWhole,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
@@ -105,6 +124,33 @@ class Engine:
             target,
             '/splice.v1.Engine/Generate',
             splice_dot_v1_dot_engine__pb2.GenerateRequestPart.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateWhole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/splice.v1.Engine/GenerateWhole',
+            splice_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,

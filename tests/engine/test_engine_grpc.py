@@ -16,7 +16,7 @@ from engine.server import EngineServer
 from preprocessor.engine_client import EngineClient
 from splice.engine_output import FinishReason, Usage
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
-from splice.engine_wire import encode_request
+from splice.engine_wire import encode_header, encode_request, encode_whole
 from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -48,6 +48,12 @@ async def stub(server):
 
 async def _generate(stub, req: EngineRequest) -> list[engine_pb2.GenerateResponse]:
     return [r async for r in stub.Generate(encode_request(req, chunk_bytes=256))]
+
+
+async def _generate_whole(stub, req: EngineRequest) -> list[engine_pb2.GenerateResponse]:
+    whole = encode_whole(req, encode_header(req))
+    assert whole is not None
+    return [r async for r in stub.GenerateWhole(whole)]
 
 
 async def test_health_is_not_serving_until_loaded_then_serving(server, stub):
@@ -119,6 +125,53 @@ async def test_each_invalid_input_is_invalid_argument_and_the_engine_keeps_servi
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what
         assert message in err.value.details(), (what, err.value.details())
     assert [t for r in await _generate(stub[0], ok) for t in r.token_ids] == baseline
+
+
+async def test_generate_whole_answers_and_refuses_as_the_stream_does(server, stub, tiny_dirs):
+    ids, tensors = image_inputs(tiny_dirs["tiny-idefics3"])
+    req = with_embed_span(ids, tensors, 3, torch.randn(2, 64), max_tokens=5, logprobs=True)
+    streamed, whole = await _generate(stub[0], req), await _generate_whole(stub[0], req)
+    assert [t for r in whole for t in r.token_ids] == [t for r in streamed for t in r.token_ids]
+    assert whole[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and whole[-1].usage == streamed[-1].usage
+    for what, (bad, message) in _bad_requests(tiny_dirs, server.engine.info).items():
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _generate_whole(stub[0], bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what
+        assert message in err.value.details(), (what, err.value.details())
+    # parts missing: refused as a stream that ends short
+    short = engine_pb2.GenerateRequest(parts=list(encode_whole(req, encode_header(req)).parts)[:-1])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stub[0].GenerateWhole(short)]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "received 0 bytes" in err.value.details()
+
+
+async def test_a_part_after_the_request_is_complete_is_invalid_argument(server, stub):
+    # The engine starts once the header and its declared bytes are in, without waiting for the half-close; a
+    # part sent after that still fails the call, and the sequence is aborted.
+    engine = server.engine
+    req = text_request(random_ids(5, seed=4), "one-too-many", max_tokens=1500)
+    extra = asyncio.Event()
+
+    async def parts():
+        for part in encode_request(req):
+            yield part
+        await extra.wait()
+        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=b"x"))
+
+    call = stub[0].Generate(parts())
+    first = await call.read()  # generating before the stream ended
+    assert len(first.token_ids) >= 1
+    extra.set()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        while await call.read() is not grpc.aio.EOF:
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "after the request was complete" in err.value.details()
+    for _ in range(500):
+        if engine.num_running == 0 and not engine._seqs:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.num_running == 0 and not engine._seqs
 
 
 async def test_a_broken_stream_is_invalid_argument(stub):

@@ -38,10 +38,10 @@ def _finished(engine: Service) -> float:
 
 
 def _generate_calls(engine: Service) -> float:
-    """Generate calls this replica received, whatever it answered (refused ones included)."""
+    """Generate and GenerateWhole calls this replica received, whatever it answered (refused ones included)."""
     samples = scrape(engine)
-    return total(samples, "splice_rpc_requests_total", method="Generate") + \
-        total(samples, "splice_rpc_in_flight", method="Generate")
+    return sum(total(samples, "splice_rpc_requests_total", method=m) + total(samples, "splice_rpc_in_flight", method=m)
+               for m in ("Generate", "GenerateWhole"))
 
 
 def _short(client: SpliceClient) -> str:

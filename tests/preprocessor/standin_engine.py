@@ -27,6 +27,17 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
         assembler = RequestAssembler()
         async for part in request_iterator:
             assembler.feed(part)
+        async for response in self._reply(assembler, context):
+            yield response
+
+    async def GenerateWhole(self, request, context):
+        assembler = RequestAssembler()
+        for part in request.parts:
+            assembler.feed(part)
+        async for response in self._reply(assembler, context):
+            yield response
+
+    async def _reply(self, assembler: RequestAssembler, context):
         self.requests.append(assembler.finish())
         if self.abort:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.abort)
