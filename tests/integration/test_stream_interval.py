@@ -34,7 +34,10 @@ def test_the_same_answer_in_fewer_chunks(stack, interval_stack, mixed_messages):
     assert [t for c in grouped for t in c.token_ids] == [t for c in every for t in c.token_ids]
     assert "".join(c.text for c in grouped) == "".join(c.text for c in every)
     assert grouped[-1].usage == every[-1].usage and grouped[-1].finish_reason == every[-1].finish_reason == "length"
-    assert len(grouped[0].token_ids) == 1  # the first token is not held back
+    # after the first chunk, a chunk goes out only with INTERVAL tokens or more (more when a reader lagged), or at
+    # the end; the first token alone is not held back (tests/engine/test_engine_handoff.py), though a lagging
+    # reader may merge it with the next
+    assert all(len(c.token_ids) >= INTERVAL for c in grouped[1:-1])
     assert len(grouped) <= 1 + -(-(NEW - 1) // INTERVAL)
 
 
