@@ -11,17 +11,14 @@ CPU time is read from /proc for the services and from getrusage for this process
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import resource
-import shlex
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from app.launch import start_stack
-from bench.stack_throughput import prompts
+from bench.stack_throughput import prompts, stack_parser, start_bench_stack
 from clients import AsyncSpliceClient
 
 
@@ -37,17 +34,8 @@ def own_cpu() -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-text")
-    parser.add_argument("--streams", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
-    parser.add_argument("--engine-args", default="", help="more engine flags, e.g. '--mixed-prefill-tokens 2048'")
-    args = parser.parse_args()
-    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
-                                                       "--stream-interval", str(args.stream_interval),
-                                                       *shlex.split(args.engine_args)])
+    args = stack_parser(__doc__).parse_args()
+    engine, pre = start_bench_stack(args)
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             async def one(ids: list[int], n: int) -> tuple[int, int]:

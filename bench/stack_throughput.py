@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
-from app.launch import start_stack
+from app.launch import Service, start_stack
 from app.models import resolve_model
 from bench.engine_batching import hf_generate
 from bench.measure import report_paired
@@ -63,21 +63,32 @@ def hf_run(model, batch: list[list[int]], wanted: list[int]) -> float:
     return sum(wanted) / (time.perf_counter() - start)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def stack_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every whole-stack bench takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="tiny-text")
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stream-interval", type=int, default=1, help="the engine's --stream-interval")
     parser.add_argument("--engine-args", default="", help="more engine flags, e.g. '--mixed-prefill-tokens 2048'")
+    return parser
+
+
+def start_bench_stack(args: argparse.Namespace) -> tuple[Service, Service]:
+    """Engine + preprocessor processes as `stack_parser`'s options ask: a running slot for every stream."""
+    return start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
+                                                "--stream-interval", str(args.stream_interval),
+                                                *shlex.split(args.engine_args)])
+
+
+async def main() -> None:
+    parser = stack_parser(__doc__)
     parser.add_argument("--lengths", choices=("same", "varied"), default="same")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = load(EngineConfig(model=str(resolve_model(args.model)))).model
-    engine, pre = start_stack(args.model, engine_args=["--max-running-seqs", str(args.streams),
-                                                       "--stream-interval", str(args.stream_interval),
-                                                       *shlex.split(args.engine_args)])
+    engine, pre = start_bench_stack(args)
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             batch = prompts(args.streams)
