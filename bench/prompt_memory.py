@@ -21,17 +21,20 @@ def measure(kind: str, model: str, length: int) -> None:
     from app.models import resolve_model
     from engine.config import EngineConfig
     from engine.loader import load
-    from engine.model_runner import ModelRunner
+    from engine.model_runner import ModelRunner, batch_capacity
     from splice.engine_request import EngineRequest
 
     torch.set_num_threads(1)
-    family = load(EngineConfig(model=str(resolve_model(model)), max_model_len=None)).family
+    cfg = EngineConfig(model=str(resolve_model(model)), max_model_len=None)
+    loaded = load(cfg)
+    family = loaded.family
     ids = torch.randint(40, 600, (length,), generator=torch.Generator().manual_seed(0))
     prompt = family.prompt(EngineRequest("m", ids.tolist())) if kind == "ours" else None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.inference_mode():
         if kind == "ours":
-            ModelRunner(family).prefill([0], [prompt])
+            # the engine's runner: its key/value buffers reserved for a full batch (committed only where written)
+            ModelRunner(family, batch_capacity(cfg.max_running_seqs, loaded.info.max_model_len)).prefill([0], [prompt])
         else:
             family.model(input_ids=ids[None], use_cache=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

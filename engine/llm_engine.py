@@ -22,7 +22,7 @@ import torch
 from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
 from engine.metrics import EngineStats, NoStats
-from engine.model_runner import ModelRunner, PromptPart
+from engine.model_runner import ModelRunner, PromptPart, batch_capacity
 from engine.models import Prompt
 from engine.outbox import Listener, Outbox
 from engine.sampler import make_generator, sample
@@ -52,7 +52,7 @@ class LLMEngine:
         # Tensor parallelism: the other ranks start and join first, then every rank loads its shard.
         self.ranks = Ranks(cfg.tensor_parallel_size, cfg) if cfg.tensor_parallel_size > 1 else None
         self.m = loaded if loaded is not None else load(cfg)
-        self.runner = ModelRunner(self.m.family)
+        self.runner = ModelRunner(self.m.family, batch_capacity(cfg.max_running_seqs, self.m.info.max_model_len))
         self.family = self.m.family  # its prompt() is a model call: the runner's and its run on every rank
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)

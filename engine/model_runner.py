@@ -78,9 +78,19 @@ class PromptPart:
     end: int
 
 
+def batch_capacity(max_running_seqs: int, max_model_len: int) -> tuple[int, int]:
+    """(slots, columns) a running batch can reach: every running sequence and a long prompt being prefilled beside
+    them, each up to the longest sequence and the key of its last token (a left-padded row may go further: then the
+    buffers grow)."""
+    return max_running_seqs + 1, max_model_len + 1
+
+
 class ModelRunner:
-    def __init__(self, family: ModelFamily) -> None:
+    def __init__(self, family: ModelFamily, capacity: tuple[int, int] | None = None) -> None:
+        """`capacity`: (slots, columns) the running batch can reach, which the key/value buffers are reserved at
+        where that costs only what is written (engine/models/slot_cache.py); None = grown as needed."""
         self.family = family
+        self.capacity = capacity
         self.batch: Batch | None = None
         self.pending: Pending | None = None
 
@@ -117,7 +127,7 @@ class ModelRunner:
         """
         f = self.family
         b = self.batch
-        kv = b.kv if b is not None else SlotKV()
+        kv = b.kv if b is not None else SlotKV(self.capacity)
         cache = f.cache.for_prefill(kv, b.cache if b is not None else None)
         long = [i for i, p in enumerate(prompts) if len(p.token_ids) > PREFILL_CHUNK and f.chunkable(p)]
         group = [i for i in range(len(prompts)) if i not in long]

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, batch_capacity
 from engine.tensor_parallel import INIT_TIMEOUT, Channel, backend, follow, watch_parent
 
 
@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
     torch.set_grad_enabled(False)
     loaded = load(cfg)
     channel = Channel(loaded.device)
-    follow(channel, {"runner": ModelRunner(loaded.family), "family": loaded.family})
+    runner = ModelRunner(loaded.family, batch_capacity(cfg.max_running_seqs, loaded.info.max_model_len))
+    follow(channel, {"runner": runner, "family": loaded.family})
     dist.destroy_process_group()
     return 0
 

@@ -1,9 +1,13 @@
 """Key/value storage whose rows stay where they are while other rows join and leave (one slot per sequence).
 
-Every attention layer owns two preallocated buffers [slots, kv_heads, columns, head_dim], grown by doubling (so
-growing is amortized, never a torch.cat per step; columns in powers of two, and for a long prompt's whole length and
-its first decoded token at its first part, so that a prompt prefilled over several steps makes the buffers grow once,
-not once per part and again at its first decode: a growth copies every slot and stalls that step). A sequence lives
+Every attention layer owns two preallocated buffers [slots, kv_heads, columns, head_dim]. The engine gives the
+capacity its running batch can reach (its most running sequences, the longest sequence): on the CPU the buffers are
+reserved at that size at once, in anonymous memory that the OS commits only where a key is written (so a 64-slot
+reservation of the whole context costs the memory of what is cached, not of the reservation), and they never move.
+Without a capacity (or on a GPU) they grow by doubling (amortized, never a torch.cat per step; columns in powers of
+two, and for a long prompt's whole length and its first decoded token at its first part, so that a prompt prefilled
+over several steps makes the buffers grow once): a growth copies every written slot and stalls that step, which is
+why the reservation exists. A sequence lives
 in one slot: its real keys are the columns [start, end) of that slot (start > 0 when it was left-padded in a group
 prefill), and its next token is written at column `end`. Keys are cached after RoPE, so the columns of different rows
 need not line up: the attention mask says which columns of each row are real, and is omitted when every row spans the
@@ -20,6 +24,8 @@ same columns.
 
 from __future__ import annotations
 
+import mmap
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +80,8 @@ class Plan:
 class SlotKV:
     """The slot table and the per-layer buffers of one running batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: tuple[int, int] | None = None) -> None:
+        self.capacity = capacity  # (slots, columns) the buffers are reserved at up front, where memory allows
         self.start: list[int] = []  # per slot in use: first real column
         self.end: list[int] = []  # per slot in use: next free column (one past the last real one)
         self.plan = Plan()
@@ -171,6 +178,24 @@ def power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+MAP_NORESERVE = 0x4000  # Linux: no swap is reserved for the mapping, so its size is not held against overcommit
+
+
+def lazy_zeros(shape: list[int], like: torch.Tensor) -> torch.Tensor | None:
+    """A zero tensor of `shape` whose pages are committed only when written (anonymous memory: the kernel hands out
+    zero pages on first touch), for a CPU tensor on Linux; None where that is not available (the caller allocates)."""
+    if like.device.type != "cpu" or not sys.platform.startswith("linux"):
+        return None
+    size = like.element_size()
+    for n in shape:
+        size *= n
+    try:
+        buf = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return torch.frombuffer(buf, dtype=like.dtype, count=size // like.element_size()).view(shape)  # keeps buf alive
+
+
 class SlotLayer(DynamicLayer):
     """One attention layer's buffers; `update` writes where the plan says and returns the columns to attend."""
 
@@ -179,9 +204,11 @@ class SlotLayer(DynamicLayer):
         self.kv = kv
         self.k_buf: torch.Tensor | None = None  # [slot capacity, kv_heads, column capacity, head_dim]
         self.v_buf: torch.Tensor | None = None
+        self.written = (0, 0)  # (slots, columns) that may hold keys: what a growth must copy
 
     def _reserve(self, like: torch.Tensor, slots: int, width: int) -> None:
-        """Buffers holding `slots` slots and `width` columns, doubled (and the old content copied) when too small."""
+        """Buffers holding `slots` slots and `width` columns: the SlotKV's capacity at once where it can be reserved
+        lazily, else doubled (and the written part copied) when too small."""
         if self.k_buf is not None and slots <= self.k_buf.shape[0] and width <= self.k_buf.shape[2]:
             return
         old_k, old_v = self.k_buf, self.v_buf
@@ -191,11 +218,17 @@ class SlotLayer(DynamicLayer):
             n, cap = old_k.shape[0], old_k.shape[2]
             shape = [n if slots <= n else max(slots, 2 * n), like.shape[1],
                      cap if width <= cap else power_of_two(max(width, 2 * cap)), like.shape[3]]
-        self.k_buf = like.new_zeros(shape)
-        self.v_buf = like.new_zeros(shape)
+        k = v = None
+        if self.kv.capacity is not None:
+            wide = [max(shape[0], self.kv.capacity[0]), shape[1], max(shape[2], self.kv.capacity[1]), shape[3]]
+            k, v = lazy_zeros(wide, like), lazy_zeros(wide, like)
+        if k is None or v is None:
+            k, v = like.new_zeros(shape), like.new_zeros(shape)
+        self.k_buf, self.v_buf = k, v
         if old_k is not None:
-            self.k_buf[:old_k.shape[0], :, :old_k.shape[2]] = old_k
-            self.v_buf[:old_v.shape[0], :, :old_v.shape[2]] = old_v
+            n, cols = self.written
+            self.k_buf[:n, :, :cols] = old_k[:n, :, :cols]
+            self.v_buf[:n, :, :cols] = old_v[:n, :, :cols]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -204,6 +237,7 @@ class SlotLayer(DynamicLayer):
         p = self.kv.plan
         last = p.first + p.count
         self._reserve(key_states, last, max(p.width, p.reserve))
+        self.written = (max(self.written[0], last), max(self.written[1], p.width))
         if p.packed is not None:
             self._write_packed(key_states[0], value_states[0], p.packed)
         elif p.cols is None:
@@ -237,6 +271,7 @@ class SlotLayer(DynamicLayer):
 
     def copy_row(self, src: int, dst: int, width: int) -> None:
         if self.k_buf is not None:
+            self.written = (max(self.written[0], dst + 1), max(self.written[1], width))
             self.k_buf[dst, :, :width] = self.k_buf[src, :, :width]
             self.v_buf[dst, :, :width] = self.v_buf[src, :, :width]
 

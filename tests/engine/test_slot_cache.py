@@ -3,12 +3,14 @@ row into their slot, without reallocating or moving the others; every row keeps 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, PromptPart, batch_capacity
 from splice.engine_request import EngineRequest
 
 
@@ -62,5 +64,65 @@ def test_rows_join_and_leave_in_place_with_their_solo_tokens(family):
     for _ in range(3):
         decode()
     assert layer.keys.shape[0] == 4 and layer.keys.shape[2] == runner.batch.width
+    for s, tokens in got.items():
+        assert tokens == solo[s][:len(tokens)], f"sequence {s}"
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lazily committed reservations are Linux's")
+def test_reserved_buffers_never_move_and_cost_only_what_is_written(family):
+    """With the engine's capacity the buffers are reserved at once (every running row up to the longest sequence):
+    arrivals, a long prompt over several parts, leaves and decodes never reallocate them, the memory used is
+    what is written (not the multi-GiB reservation), and every row keeps its solo tokens."""
+    prompts = [_prompt(family, n, seed) for seed, n in enumerate((9, 30, 4, 700))]
+    solo = [_solo(family, p, 12) for p in prompts]
+    columns = 1 << 20  # 65 slots x 1M columns: GiBs per buffer if it were committed
+    before = _rss_mib()
+    runner = ModelRunner(family, batch_capacity(64, columns - 1))
+    got = {s: [t] for s, t in zip([0, 1], runner.prefill([0, 1], prompts[:2]).argmax(-1).tolist(), strict=True)}
+    layer = runner.batch.kv.layers[0]
+    assert layer.k_buf.shape[0] == 65 and layer.k_buf.shape[2] == columns
+    buffers = layer.k_buf.data_ptr(), layer.v_buf.data_ptr()
+
+    def decode_and(parts):
+        rows = runner.seq_ids
+        out, done = runner.mixed([got[s][-1] for s in rows], parts) if parts else (
+            runner.decode([got[s][-1] for s in rows]), None)
+        for s, t in zip(rows, out.argmax(-1).tolist(), strict=True):
+            got[s].append(t)
+        return done
+
+    got[2] = decode_and([PromptPart(2, prompts[2], 0, 4)]).argmax(-1).tolist()
+    decode_and([])
+    long = prompts[3]
+    for start in range(0, 700, 256):  # the long prompt in three parts beside the decoding rows
+        done = decode_and([PromptPart(3, long if start == 0 else None, start, min(start + 256, 700))])
+    got[3] = done.argmax(-1).tolist()
+    runner.remove({1})
+    for _ in range(5):
+        decode_and([])
+    assert (layer.k_buf.data_ptr(), layer.v_buf.data_ptr()) == buffers
+    assert _rss_mib() - before < 64
+    for s, tokens in got.items():
+        assert tokens == solo[s][:len(tokens)], f"sequence {s}"
+
+
+def test_buffers_grow_past_the_capacity_keeping_what_was_written(family):
+    """A capacity smaller than the batch (a left-padded row can outgrow the longest sequence) still works: the
+    buffers grow, copying what every slot holds, and the rows keep their solo tokens."""
+    prompts = [_prompt(family, n, seed) for seed, n in enumerate((5, 12, 40))]
+    solo = [_solo(family, p, 30) for p in prompts]
+    runner = ModelRunner(family, (1, 8))
+    got = {s: [t] for s, t in zip([0, 1], runner.prefill([0, 1], prompts[:2]).argmax(-1).tolist(), strict=True)}
+    got[2] = runner.prefill([2], prompts[2:]).argmax(-1).tolist()
+    for _ in range(30):
+        rows = runner.seq_ids
+        for s, t in zip(rows, runner.decode([got[s][-1] for s in rows]).argmax(-1).tolist(), strict=True):
+            got[s].append(t)
+    assert runner.batch.kv.layers[0].k_buf.shape[2] >= 70
     for s, tokens in got.items():
         assert tokens == solo[s][:len(tokens)], f"sequence {s}"
