@@ -57,7 +57,8 @@ class LLMEngine:
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
-        self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, cfg.mixed_prefill_tokens)
+        self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, cfg.mixed_prefill_tokens,
+                                   self.family.packs_mixed_steps)
         self._lock = threading.Lock()  # guards the scheduler and the sequence tables
         self._wake = threading.Event()
         self._stopping = False

@@ -2,10 +2,12 @@
 
 Each step is one decode position for every running sequence plus a prefill of newly admitted ones (their first
 token comes out). Admission happens at every step boundary, so new requests join without waiting for running
-ones; while sequences run, a step admits at most `mixed_prefill_tokens` padded prompt positions (at least one
-sequence), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running streams for
-all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions per step
-(a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
+ones; while sequences run, a step admits at most `mixed_prefill_tokens` prompt positions (at least one
+sequence; counted padded to the longest, unless the family packs the step into one forward, where nothing is padded
+and the prompts' own lengths are what it costs — their padded size still within `max_batch_tokens`, for the
+two-forward fallback), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running
+streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
+per step (a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
 once. Finished and aborted ones leave at the boundary they finish on.
 """
 
@@ -42,8 +44,9 @@ class Scheduler:
     """Not thread-safe: the engine serializes calls."""
 
     def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
-                 mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS) -> None:
+                 mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False) -> None:
         self.max_running_seqs = max_running_seqs
+        self.packs_mixed_steps = packs_mixed_steps
         self.max_batch_tokens = max_batch_tokens
         self.mixed_prefill_tokens = mixed_prefill_tokens
         self.max_queue = max_queue
@@ -80,17 +83,19 @@ class Scheduler:
             self.running.append(seq)
             return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, 0, budget))
         admitted: list[Sequence] = []
-        longest = 0
+        longest = total = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_running_seqs:
             seq = self.waiting[0]
-            # prefill rows are padded to the longest prompt, so the padded size is what the forward costs
+            # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
             padded = max(longest, seq.prompt_len) * (len(admitted) + 1)
-            if admitted and padded > budget:
+            cost = total + seq.prompt_len if decode and self.packs_mixed_steps else padded
+            if admitted and (cost > budget or padded > self.max_batch_tokens):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             admitted.append(seq)
             longest = max(longest, seq.prompt_len)
+            total += seq.prompt_len
         self.running.extend(admitted)
         return SchedulerOutput(prefill=admitted, decode=decode)
 

@@ -132,3 +132,30 @@ def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill
     s.chunk_done(arrivals[3], 30)
     out = s.schedule()
     assert out.chunk is None and out.prefill == [late] and arrivals[3] in out.decode
+
+
+def test_a_packed_mixed_step_admits_by_the_prompts_own_lengths():
+    """Packed into one forward, admitted prompts are not padded: 5 + 2 + 3 positions fit a budget of 12 where
+    padded (3 x 5) they do not; the padded size still stays within max_batch_tokens (the two-forward fallback)."""
+    for packs, want in ((False, 2), (True, 3)):
+        s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12,
+                      packs_mixed_steps=packs)
+        s.add(a := seq(4))
+        s.schedule()
+        arrivals = [seq(n, f"n{k}") for k, n in enumerate((5, 2, 3, 3))]
+        for x in arrivals:
+            s.add(x)
+        out = s.schedule()
+        assert out.decode == [a] and out.prefill == arrivals[:want], packs
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=12, max_queue=10, mixed_prefill_tokens=12,
+                  packs_mixed_steps=True)
+    s.add(a := seq(2))
+    s.schedule()
+    arrivals = [seq(n, f"m{n}") for n in (6, 1, 1)]
+    for x in arrivals:
+        s.add(x)
+    assert s.schedule().prefill == arrivals[:2]  # 6 + 1 + 1 fits 12, but padded 3 x 6 = 18 > max_batch_tokens
+    s2 = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, packs_mixed_steps=True)
+    s2.add(b := seq(5))
+    s2.add(c := seq(3, "c"))
+    assert s2.schedule().prefill == [b, c]  # nothing running: a prefill forward, padded 2 x 5 within 100
