@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner, PromptPart
+from engine.models.lean_llama import unsupported
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition
 from tests.engine.engine_factories import collect, random_ids, start_engine, text_request
@@ -139,3 +140,18 @@ def test_cli_rejects_a_bad_model_impl():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--model-impl: invalid choice: 'vllm'" in proc.stderr
+
+
+def test_what_keeps_transformers_modules():
+    """Checkpoints whose forward the lean one would not reproduce keep HF's modules (auto) with the reason said."""
+    from transformers import LlamaConfig, LlamaModel
+
+    small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=32)
+    assert unsupported(LlamaModel(LlamaConfig(**small))) is None
+    dynamic = LlamaConfig(**small, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    assert "changes its frequencies" in unsupported(LlamaModel(dynamic))
+    wrapped = LlamaModel(LlamaConfig(**small))
+    wrapped.layers[0].mlp.up_proj = torch.nn.Sequential(wrapped.layers[0].mlp.up_proj)
+    assert "not plain torch Linear" in unsupported(wrapped)
+    assert "tensor parallelism" in unsupported(LlamaModel(LlamaConfig(**small)), tensor_parallel=True)
