@@ -1,6 +1,6 @@
 """Aggregate tokens/s of the engine at 1, 8 and 32 concurrent requests against HF `generate`, same process.
 
-    python -m bench.engine_batching [--model tiny-text] [--quick]
+    python -m bench.engine_batching [--model tiny-text] [--quick] [--model-impl auto|splice|transformers]
 
 Every request is greedy with ignore_eos and the same number of new tokens; prompt lengths vary. HF runs
 two ways on the same prompts: `hf-serial` (one generate call per request, what serving without batching
@@ -68,18 +68,22 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="fewer new tokens (16), for a fast look")
+    parser.add_argument("--model-impl", default="auto", choices=["auto", "splice", "transformers"],
+                        help="the engine's --model-impl (what runs its text stack)")
     args = parser.parse_args()
     new_tokens = 16 if args.quick else args.new_tokens
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-    engine = LLMEngine(EngineConfig(model=resolve_model(args.model), max_running_seqs=max(args.concurrency)))
+    engine = LLMEngine(EngineConfig(model=resolve_model(args.model), max_running_seqs=max(args.concurrency),
+                                    model_impl=args.model_impl))
     engine.start()
     await engine.warmup()
     model = engine.m.model
     vocab = engine.info.vocab_rows
     hf_generate(model, prompts(2, vocab), 2)  # warm HF too
 
-    print(f"model {args.model}, {new_tokens} new tokens per request, prompts 16-64 tokens, "
+    print(f"model {args.model} (text stack: {engine.m.family.impl}), {new_tokens} new tokens per request, "
+          "prompts 16-64 tokens, "
           f"{torch.get_num_threads()} torch thread(s), device {engine.m.device}")
     print(f"{'conc':>5} {'engine tok/s':>13} {'hf-serial':>10} {'hf-batched':>11} {'x serial':>9} {'x batched':>10}")
     try:

@@ -87,7 +87,7 @@ async def main() -> None:
     parser.add_argument("--lengths", choices=("same", "varied"), default="same")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = load(EngineConfig(model=str(resolve_model(args.model)))).model
+    model = load(EngineConfig(model=str(resolve_model(args.model)), model_impl="transformers")).model
     engine, pre = start_bench_stack(args)
     try:
         async with AsyncSpliceClient(pre.address, timeout=600) as client:

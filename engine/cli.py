@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send each stream's tokens every N tokens (its first token and its end at once): "
                              "fewer, larger messages for more throughput, burstier streams")
+    parser.add_argument("--model-impl", default="auto", choices=["auto", "splice", "transformers"],
+                        help="what runs the text stack: auto = Splice's own forward where the architecture has one "
+                             "(Llama, Qwen2 text stacks), else transformers' modules; splice = Splice's or fail; "
+                             "transformers = always transformers' modules")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -75,7 +79,8 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
                        upload_idle_timeout=args.upload_idle_timeout,
                        tensor_parallel_size=args.tensor_parallel_size,
-                       mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval)
+                       mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
+                       model_impl=args.model_impl)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)

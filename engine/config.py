@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.models.lean_llama import IMPLS
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,6 +37,10 @@ class EngineConfig:
     # a stream's outputs go out every this many tokens (its first token and its end at once): fewer, larger
     # messages on both hops for more throughput, at the price of burstier streams (SGLang's --stream-interval)
     stream_interval: int = 1
+    # what runs the text stack (vLLM's --model-impl): "auto" = Splice's own forward where the architecture has one
+    # (engine/models/lean_llama.py: Llama, Qwen2), else transformers' modules; "splice" = Splice's or an error;
+    # "transformers" = always transformers' modules
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -60,6 +65,8 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if self.model_impl not in IMPLS:
+            raise ValueError(f"model_impl must be one of {IMPLS}, got {self.model_impl!r}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

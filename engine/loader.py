@@ -93,6 +93,8 @@ def load(cfg: EngineConfig) -> LoadedModel:
     log.info("loading %s (%s, family %s) on %s as %s", path, arch, family_cls.name, device, dtype)
     model = family_cls.load_model(path, config, dtype, **pretrained).to(device).eval()
     family = family_cls(model, device, dtype)
+    impl = family.select_impl(cfg.model_impl, tensor_parallel=cfg.tensor_parallel_size > 1)
+    log.info("text stack: %s (--model-impl %s)", impl, cfg.model_impl)
     embed = family.embed
     text_config = config.get_text_config()
     max_position = getattr(text_config, "max_position_embeddings", None)

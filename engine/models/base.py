@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from engine.models.attention import use_grouped_sdpa
+from engine.models.lean_llama import LeanDecoder, unsupported
 from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -105,6 +106,7 @@ class ModelFamily:
         if self.backbone is None or self.lm_head is None or self.embed is None:
             raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
         self.cache = SlotKVCache()
+        self.impl = "transformers"  # what runs the text stack: "splice" (engine/models/lean_llama.py) or HF's modules
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
         use_grouped_sdpa(model)
@@ -127,6 +129,30 @@ class ModelFamily:
     def text_parts(model: torch.nn.Module) -> tuple[Any, Any, Any]:
         """(text stack, output embeddings, input embeddings) of `model`; None where it has none."""
         return model.get_decoder(), model.get_output_embeddings(), model.get_input_embeddings()
+
+    def select_impl(self, impl: str, tensor_parallel: bool = False) -> str:
+        """Runs the text stack with Splice's own forward (engine/models/lean_llama.py) for impl "auto" where it has
+        one, "splice" (FailedPrecondition where it has none), or HF's modules ("transformers") -> the one chosen. Called
+        once, by the loader (the lean forward takes over HF's q/k/v and gate/up weights as views of fused ones)."""
+        if impl == "transformers" or self.impl == "splice":
+            return self.impl
+        why = self.lean_unsupported() or unsupported(self.backbone, tensor_parallel)
+        if why is None:
+            self.backbone = LeanDecoder(self.backbone)
+            self.impl = "splice"
+        elif impl == "splice":
+            raise FailedPrecondition(f"--model-impl splice: {why}; use --model-impl auto or transformers")
+        return self.impl
+
+    def lean_unsupported(self) -> str | None:
+        """Why this family's forward cannot be the lean one: it must hand the backbone one causal mask (or none),
+        1-D positions and no extra inputs (what LeanDecoder takes)."""
+        cls = type(self)
+        if (self.position_dims != 1 or cls.attention_mask is not ModelFamily.attention_mask
+                or cls.forward_kwargs is not ModelFamily.forward_kwargs):
+            return (f"the {self.name} family passes its text stack inputs the lean forward does not take "
+                    "(per-layer-type masks, M-RoPE positions or extra inputs)")
+        return None
 
     @property
     def text_config(self) -> Any:

@@ -20,6 +20,7 @@ from engine.loader import pick_device, pick_dtype
     (dict(mixed_prefill_tokens=0), "mixed_prefill_tokens"),
     (dict(stream_interval=0), "stream_interval"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size"),
+    (dict(model_impl="vllm"), r"model_impl must be one of \('auto', 'splice', 'transformers'\), got 'vllm'"),
 ])
 def test_invalid_configs_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
