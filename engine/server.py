@@ -19,6 +19,7 @@ from splice.call_guard import CallGuard
 from splice.drain import DEFAULT_GRACE, Drain
 from splice.grpc_options import SERVER_OPTIONS, bind, max_connection_age_options
 from splice.security import ServerTLS
+from splice.service_main import freeze_startup_heap
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class EngineServer:
         self.engine.start()
         await self.engine.warmup()
         self.servicer.engine = self.engine
+        freeze_startup_heap()  # the model and its warm-up are in: full collections need not walk them
         await self._set(health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s", self.engine.info.model, self.address)
 

@@ -24,7 +24,7 @@ from splice.call_guard import CallGuard
 from splice.drain import DEFAULT_GRACE, Drain
 from splice.grpc_options import SERVER_OPTIONS, bind
 from splice.security import Security
-from splice.service_main import Resolve
+from splice.service_main import Resolve, freeze_startup_heap
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class PreprocessorServer:
         return self.port
 
     async def _set_health(self, serving: bool) -> None:
+        if serving:
+            freeze_startup_heap()  # the model files are loaded: full collections need not walk them
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
             await self._health.set(name, status)
