@@ -1,6 +1,6 @@
 """splice.v1.Engine over gRPC: pb -> RequestAssembler -> LLMEngine.generate -> pb. Nothing else.
 
-Errors are raised as SpliceError and mapped to status codes by splice.grpc_errors.ErrorInterceptor.
+Errors are raised as SpliceError and mapped to status codes by splice.call_guard.CallGuard.
 A cancelled call cancels this handler's task; leaving `engine.generate` aborts the sequence.
 Generation starts as soon as the request is whole (its header and every tensor byte the header declared), not
 at the stream's half-close, which comes in a later frame: the half-close (or a part too many, an error) is read

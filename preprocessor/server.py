@@ -1,4 +1,4 @@
-"""grpc.aio server of splice.v1.Preprocessor: wiring only (interceptors, servicer, health, reflection),
+"""grpc.aio server of splice.v1.Preprocessor: wiring only (call guard, servicer, health, reflection),
 and beside it, on the same event loop and the same engine link, the OpenAI-compatible HTTP face (http/).
 
 The engine connection is engine_link.py's: health follows the link's readiness (NOT_SERVING until the

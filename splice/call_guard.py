@@ -79,7 +79,6 @@ class CallGuard:
         self.drain = drain
         self.admission = admission
         self._expected = f"Bearer {api_key}".encode() if api_key else None
-        self._refusal = Unauthenticated(UNAUTHENTICATED)
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         if self._expected is None:
@@ -89,7 +88,7 @@ class CallGuard:
             if key == "authorization":
                 given = value  # the last one, as a dict of the metadata would have it
         if not hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):
-            raise self._refusal
+            raise Unauthenticated(UNAUTHENTICATED)  # a new one each time: a raised exception keeps its traceback
 
     def register(self, add_to_server: Callable[[object, object], None], servicer: object,
                  server: grpc.aio.Server) -> None:
