@@ -14,6 +14,7 @@ A request's life, file by file:
 6. sampler.py    picks each row's token; sequence.py decides STOP / LENGTH; outbox.py hands the step's outputs
    to the event loop at once (and to each stream every --stream-interval tokens).
 7. Finished or aborted rows leave the batch at once; an abort lands before the next step.
-server.py wires health (NOT_SERVING until loaded and warm), reflection and the error interceptor; cli.py
+server.py wires health (NOT_SERVING until loaded and warm), reflection and the call guard (errors, metrics, key,
+drain: splice/call_guard.py); cli.py
 is `splice engine`; tensor_parallel.py + tp_worker.py run the model calls on every rank.
 """

@@ -15,11 +15,11 @@ from engine.byte_budget import ByteBudget
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.servicer import EngineServicer
-from splice.drain import DEFAULT_GRACE, DrainInterceptor
-from splice.grpc_errors import ErrorInterceptor
+from splice.call_guard import CallGuard
+from splice.drain import DEFAULT_GRACE, Drain
 from splice.grpc_options import SERVER_OPTIONS, bind, max_connection_age_options
-from splice.metrics_interceptor import MetricsInterceptor
-from splice.security import ServerTLS, TokenInterceptor
+from splice.security import ServerTLS
+from splice.service_main import freeze_startup_heap
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -38,15 +38,14 @@ class EngineServer:
         self.cfg = cfg
         self.host = host
         self.engine = engine
-        self._drain = DrainInterceptor()
-        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(api_key)] if api_key else []),
-                        self._drain]
-        self.server = grpc.aio.server(interceptors=interceptors,
-                                      options=SERVER_OPTIONS + max_connection_age_options(max_connection_age))
+        self._drain = Drain()
+        # metrics, errors -> status codes, the key and drain: one wrapper around each splice.v1 handler
+        guard = CallGuard(self._drain, api_key=api_key)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS + max_connection_age_options(max_connection_age))
         # engine attached once warm
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
                                        upload_idle_timeout=cfg.upload_idle_timeout)
-        engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
+        guard.register(engine_pb2_grpc.add_EngineServicer_to_server, self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -81,6 +80,7 @@ class EngineServer:
         self.engine.start()
         await self.engine.warmup()
         self.servicer.engine = self.engine
+        freeze_startup_heap()  # the model and its warm-up are in: full collections need not walk them
         await self._set(health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s", self.engine.info.model, self.address)
 

@@ -1,11 +1,11 @@
 """splice.v1.Engine over gRPC: pb -> RequestAssembler -> LLMEngine.generate -> pb. Nothing else.
 
-Errors are raised as SpliceError and mapped to status codes by splice.grpc_errors.ErrorInterceptor.
+Errors are raised as SpliceError and mapped to status codes by splice.call_guard.CallGuard.
 A cancelled call cancels this handler's task; leaving `engine.generate` aborts the sequence.
 Generation starts as soon as the request is whole (its header and every tensor byte the header declared), not
 at the stream's half-close, which comes in a later frame: the half-close (or a part too many, an error) is read
 beside the generation.
-GenerateWhole (the same parts in one message) is read as that stream.
+GenerateWhole (the same parts in one message) is checked as that stream is, all at once.
 Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
 preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
 """
@@ -13,22 +13,23 @@ preprocessor's weighted round robin reads, and is refused when its model fingerp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 import grpc
 
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
+from splice.engine_request import EngineRequest
 from splice.engine_wire import RequestAssembler
 from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 
-async def _as_stream(parts: Iterable[engine_pb2.GenerateRequestPart]) -> AsyncIterator[engine_pb2.GenerateRequestPart]:
-    for part in parts:
-        yield part
+def _part_too_many(received: int, declared: int) -> InvalidArgument:
+    return InvalidArgument(f"Generate stream part {received} arrived after the request was complete (its header and "
+                           f"all {declared} declared tensor bytes); the stream must end there")
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -78,8 +79,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         """The request is whole: the next thing on its stream must be the end. Not timed: the call's generation
         bounds how long this waits."""
         if await anext(parts, None) is not None:
-            raise InvalidArgument(f"Generate stream part {received} arrived after the request was complete (its "
-                                  f"header and all {declared} declared tensor bytes); the stream must end there")
+            raise _part_too_many(received, declared)
 
     def _ready(self) -> LLMEngine:
         if self.engine is None:
@@ -100,9 +100,51 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def GenerateWhole(self, request: engine_pb2.GenerateRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """Generate's parts in one message: read as that stream, with its checks, budget, errors and trailers."""
-        async for out in self.Generate(_as_stream(request.parts), context):
-            yield out
+        """Generate's parts in one message, with the stream's checks, budget, errors and trailers. Every part is
+        here already: no per-part reads, timeouts or end-of-stream watcher, so the engine is reached sooner."""
+        engine = self._ready()
+        self._in_flight += 1
+        held = 0
+        try:
+            engine_request, held = self._assemble_whole(engine, request.parts)
+            async with aclosing(engine.generate(engine_request)) as outputs:
+                async for out in outputs:
+                    yield out.to_pb()
+        finally:
+            self.budget.give(held)
+            context.set_trailing_metadata(((TRAILER, self._load_report()),))
+            self._in_flight -= 1
+            self._rate.finished()
+
+    def _assemble_whole(self, engine: LLMEngine, parts: Sequence[engine_pb2.GenerateRequestPart],
+                        ) -> tuple[EngineRequest, int]:
+        """GenerateWhole's request and the budget bytes it holds, refused exactly as the same parts on the Generate
+        stream would be (the same checks, in the same order, with the same messages)."""
+        if not parts:
+            raise InvalidArgument("Generate stream is empty; a header comes first")
+        assembler = RequestAssembler(self.budget.limit)
+        assembler.feed(parts[0])
+        refusal = self._model_refusal(parts[0].header.model_fingerprint, engine)
+        if refusal is not None:
+            raise refusal
+        held = 0
+        try:
+            received = 1
+            while not assembler.complete and received < len(parts):
+                part = parts[received]
+                nbytes = len(part.chunk.data)
+                if not self.budget.take(nbytes):
+                    raise self.budget.refusal(assembler.declared_bytes)
+                held += nbytes
+                assembler.feed(part)
+                received += 1
+            request = assembler.finish()  # raises if the parts ended short of the declared bytes
+            if received < len(parts):
+                raise _part_too_many(received, assembler.declared_bytes)
+        except BaseException:
+            self.budget.give(held)
+            raise
+        return request, held
 
     async def _generate(self, engine: LLMEngine, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                         ) -> AsyncIterator[engine_pb2.GenerateResponse]:

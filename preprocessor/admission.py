@@ -4,7 +4,8 @@ before its payload is parsed (gRPC: the size is known from the raw message; HTTP
 before the body is read), instead of the process growing until it stalls or is killed.
 
 A request holds its place and its bytes until its answer is complete: the parsed payload lives that long.
-The event loop is single-threaded, except for gRPC's deserializers: hence the lock.
+gRPC calls are admitted by splice/call_guard.py, by their raw message size before it is parsed. State changes
+hold a lock, so that any thread may admit and release.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import grpc
-
 from splice.errors import ResourceExhausted
-from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 MiB = 1 << 20
 
@@ -92,66 +90,3 @@ class Ticket:
                 self.released = True
                 self.admission.running -= 1 if self.placed else 0
                 self.admission.held -= self.nbytes
-
-
-@dataclass(frozen=True)
-class _Refused:
-    """What a request message deserializes to when it is not admitted (it is never parsed)."""
-
-    error: ResourceExhausted
-
-
-class AdmissionInterceptor(SpliceInterceptor):
-    """Admits each splice.v1 call by its raw message size. Place it after ErrorInterceptor (innermost), which
-    turns the refusal into its status."""
-
-    def __init__(self, admission: Admission) -> None:
-        super().__init__()
-        self.admission = admission
-
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        if handler.request_streaming:  # Upload: admitted by its servicer once its first message declares its size
-            return handler
-        parse = handler.request_deserializer
-        tickets: list[Ticket] = []  # this call's, set by its deserializer
-
-        def deserialize(data: bytes) -> object:
-            try:
-                ticket = self.admission.enter(len(data))
-            except ResourceExhausted as exc:
-                return _Refused(exc)
-            try:
-                request = parse(data) if parse else data
-            except BaseException:  # malformed: refused by ErrorInterceptor before this call's handler runs
-                ticket.release()
-                raise
-            tickets.append(ticket)
-            return request
-
-        def admitted(request: object) -> object:
-            if isinstance(request, _Refused):
-                raise request.error
-            return request
-
-        def unary(inner):
-            async def wrapper(request, context):
-                try:
-                    return await inner(admitted(request), context)
-                finally:
-                    for t in tickets:
-                        t.release()
-
-            return wrapper
-
-        def streaming(inner):
-            async def wrapper(request, context):
-                try:
-                    async for item in inner(admitted(request), context):
-                        yield item
-                finally:
-                    for t in tickets:
-                        t.release()
-
-            return wrapper
-
-        return rewrap(handler, unary, streaming, deserialize)

@@ -1,4 +1,4 @@
-"""grpc.aio server of splice.v1.Preprocessor: wiring only (interceptors, servicer, health, reflection),
+"""grpc.aio server of splice.v1.Preprocessor: wiring only (call guard, servicer, health, reflection),
 and beside it, on the same event loop and the same engine link, the OpenAI-compatible HTTP face (http/).
 
 The engine connection is engine_link.py's: health follows the link's readiness (NOT_SERVING until the
@@ -14,18 +14,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from preprocessor.admission import Admission, AdmissionInterceptor
+from preprocessor.admission import Admission
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.servicer import PreprocessorServicer
-from splice.drain import DEFAULT_GRACE, DrainInterceptor
-from splice.grpc_errors import ErrorInterceptor
+from splice.call_guard import CallGuard
+from splice.drain import DEFAULT_GRACE, Drain
 from splice.grpc_options import SERVER_OPTIONS, bind
-from splice.metrics_interceptor import MetricsInterceptor
-from splice.security import Security, TokenInterceptor
-from splice.service_main import Resolve
+from splice.security import Security
+from splice.service_main import Resolve, freeze_startup_heap
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ class PreprocessorServer:
         self._http_options = http
         self._http = None
         self.admission = admission or Admission()
-        self._drain = DrainInterceptor()
+        self._drain = Drain()
 
     @property
     def ready(self) -> asyncio.Event:
@@ -61,15 +60,13 @@ class PreprocessorServer:
 
     async def start(self) -> int:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
+        # metrics, errors -> status codes, the key, admission and drain: one wrapper around each splice.v1 handler.
         # Drain inside admission: a call refused while draining gives its admitted bytes back on the way out.
-        key = self.security.api_key
-        interceptors = [MetricsInterceptor(), ErrorInterceptor(), *([TokenInterceptor(key)] if key else []),
-                        AdmissionInterceptor(self.admission), self._drain]
+        guard = CallGuard(self._drain, api_key=self.security.api_key, admission=self.admission)
         tls = self.security.tls
-        server = grpc.aio.server(interceptors=interceptors,  # outermost first
-                                 options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
-        preprocessor_pb2_grpc.add_PreprocessorServicer_to_server(PreprocessorServicer(self.link.core, self.admission),
-                                                                server)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
+        guard.register(preprocessor_pb2_grpc.add_PreprocessorServicer_to_server,
+                       PreprocessorServicer(self.link.core, self.admission), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         self.port = bind(server, self.host, self.port, tls.credentials() if tls else None)
@@ -87,6 +84,8 @@ class PreprocessorServer:
         return self.port
 
     async def _set_health(self, serving: bool) -> None:
+        if serving:
+            freeze_startup_heap()  # the model files are loaded: full collections need not walk them
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
             await self._health.set(name, status)

@@ -1,4 +1,4 @@
-"""splice.v1.Preprocessor servicer: decode pb -> one core call -> encode pb. Errors go to the interceptor."""
+"""splice.v1.Preprocessor servicer: decode pb -> one core call -> encode pb. Errors go to the call guard."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 retry elsewhere) while its health says NOT_SERVING, and lets the calls already running finish within a grace
 period before it stops. Health keeps answering throughout: the listener stays open until the end.
 
-Place the interceptor after ErrorInterceptor, which turns the refusal into its status.
+Every splice.v1 call enters and leaves through splice.call_guard.CallGuard, inside its error mapping, which
+turns the refusal into its status.
 """
 
 from __future__ import annotations
@@ -10,29 +11,26 @@ from __future__ import annotations
 import asyncio
 import time
 
-import grpc
-
 from splice.errors import Unavailable
-from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 DEFAULT_GRACE = 20.0  # seconds running calls get to finish after SIGTERM
 
 
-class DrainInterceptor(SpliceInterceptor):
+class Drain:
     def __init__(self) -> None:
-        super().__init__()
         self.in_flight = 0
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def _enter(self) -> None:
+    def enter(self) -> None:
+        """A new call: Unavailable once draining."""
         if self.draining:
             raise Unavailable("the server is shutting down; retry on another replica or after it restarts")
         self.in_flight += 1
         self._idle.clear()
 
-    def _leave(self) -> None:
+    def leave(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
@@ -48,27 +46,3 @@ class DrainInterceptor(SpliceInterceptor):
             except TimeoutError:
                 break
         return self.in_flight
-
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        def unary(inner):
-            async def wrapper(request, context):
-                self._enter()
-                try:
-                    return await inner(request, context)
-                finally:
-                    self._leave()
-
-            return wrapper
-
-        def streaming(inner):
-            async def wrapper(request, context):
-                self._enter()
-                try:
-                    async for item in inner(request, context):
-                        yield item
-                finally:
-                    self._leave()
-
-            return wrapper
-
-        return rewrap(handler, unary, streaming)

@@ -1,4 +1,4 @@
-"""Errors the core raises; the servicers' interceptor maps each to its gRPC status code.
+"""Errors the core raises; the servicers' call guard (splice/call_guard.py) maps each to its gRPC status code.
 
 The core never imports grpc: it raises these with a message naming the offending part.
 """

@@ -3,20 +3,16 @@
 TLS: a server with a certificate and key serves TLS; given a CA too, it requires client certificates signed by
 it (mTLS). A client trusts the given CA (else the system roots) and may present its own certificate.
 Tokens: a server with a key answers UNAUTHENTICATED to any splice.v1 call without `authorization: Bearer KEY`
-metadata, before the request is parsed or admitted; health and reflection stay open (probes carry no key).
+metadata, before the request is parsed or admitted (splice/call_guard.py); health and reflection stay open (probes
+carry no key).
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-
-from splice.errors import Unauthenticated
-from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 API_KEY_ENV = "SPLICE_API_KEY"  # the public API's key (gRPC and HTTP), when --api-key is not given
 ENGINE_KEY_ENV = "SPLICE_ENGINE_API_KEY"  # the key the engine accepts from preprocessors
@@ -93,43 +89,3 @@ def channel(target: str, tls: ClientTLS | None, options: list, aio: bool = False
 def bearer(api_key: str | None) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying `api_key` (none without one)."""
     return (("authorization", f"Bearer {api_key}"),) if api_key else ()
-
-
-class TokenInterceptor(SpliceInterceptor):
-    """UNAUTHENTICATED for splice.v1 calls without the key. Place it after ErrorInterceptor, before admission."""
-
-    def __init__(self, api_key: str) -> None:
-        super().__init__()
-        self._expected = f"Bearer {api_key}".encode()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(self._prefix):
-            return handler
-        given = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):
-            return handler
-        return self.wrap(handler, details.method)
-
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """The refusal: the message is dropped unparsed and unadmitted."""
-        refusal = Unauthenticated("missing or wrong API key: send 'authorization: Bearer KEY' metadata")
-
-        def unary(inner):
-            async def wrapper(request, context):
-                raise refusal
-
-            return wrapper
-
-        def streaming(inner):
-            async def wrapper(request, context):
-                raise refusal
-                yield  # an async generator, like the handler it replaces
-
-            return wrapper
-
-        return rewrap(handler, unary, streaming, lambda data: None)

@@ -8,6 +8,7 @@ which is most of the time the two hops add before the first token. Plain asyncio
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,19 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+def freeze_startup_heap() -> None:
+    """Moves every object alive now into the collector's permanent generation; call it once a service is loaded.
+
+    A loaded service holds hundreds of thousands of long-lived objects (torch, transformers, the tokenizer's
+    tables, protobuf descriptors). Each full collection walks all of them, and requests allocate enough to
+    trigger one every few dozen calls: the walk then lands inside some request's time to first token (about
+    0.2 ms per call on average, measured on the engine's Generate path). Frozen objects are never walked and
+    never freed, which is what start-up objects are meant for anyway; garbage is collected first so none of it
+    is frozen. Objects made later (per-request ones) are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_service(name: str, serve: Awaitable[None], log_level: str) -> int:

@@ -1,4 +1,5 @@
-"""RPC metrics, recorded by splice.metrics_interceptor.MetricsInterceptor in both services."""
+"""RPC metrics, recorded by splice.call_guard.CallGuard in both services
+(splice.metrics_interceptor.MetricsInterceptor records the same for any other grpc.aio server)."""
 
 from __future__ import annotations
 

@@ -143,6 +143,14 @@ async def test_generate_whole_answers_and_refuses_as_the_stream_does(server, stu
     with pytest.raises(grpc.aio.AioRpcError) as err:
         _ = [r async for r in stub[0].GenerateWhole(short)]
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "received 0 bytes" in err.value.details()
+    # a part too many: refused as on the stream, before anything is generated; no budget stays held
+    parts = list(encode_whole(req, encode_header(req)).parts)
+    extra = engine_pb2.GenerateRequest(parts=[*parts, parts[-1]])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stub[0].GenerateWhole(extra)]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"part {len(parts)} arrived after the request was complete" in err.value.details()
+    assert server.servicer.budget.used == 0
 
 
 async def test_a_part_after_the_request_is_complete_is_invalid_argument(server, stub):
