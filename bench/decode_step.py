@@ -23,7 +23,7 @@ from app.models import resolve_model
 from bench.measure import report
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, batch_capacity
 from splice.engine_request import EngineRequest
 
 GROUP = 8  # prompts prefilled per forward, to bound prefill memory
@@ -48,12 +48,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    family = load(EngineConfig(model=str(resolve_model(args.model)))).family
+    cfg = EngineConfig(model=str(resolve_model(args.model)), max_running_seqs=args.rows)
+    loaded = load(cfg)
+    family = loaded.family
     model = family.model
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(40, 600, (args.rows, args.context), generator=g)
 
-    runner = ModelRunner(family)
+    runner = ModelRunner(family, batch_capacity(cfg.max_running_seqs, loaded.info.max_model_len))  # as the engine's
     first: list[int] = []
     for s in range(0, args.rows, GROUP):
         prompts = [family.prompt(EngineRequest(f"r{r}", ids[r].tolist())) for r in range(s, min(s + GROUP, args.rows))]
