@@ -13,8 +13,8 @@ preprocessor's weighted round robin reads, and is refused when its model fingerp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing, contextmanager
 
 import grpc
 
@@ -86,35 +86,37 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise Unavailable("engine is loading; watch grpc.health.v1 for SERVING")
         return self.engine
 
-    async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        engine = self._ready()
+    @contextmanager
+    def _counted(self, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        """One Generate / GenerateWhole call in flight: counted in the load report, which ends it in its trailers."""
         self._in_flight += 1
         try:
-            async for out in self._generate(engine, request_iterator):
-                yield out
+            yield
         finally:
             context.set_trailing_metadata(((TRAILER, self._load_report()),))
             self._in_flight -= 1
             self._rate.finished()
+
+    async def Generate(self, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        engine = self._ready()
+        with self._counted(context):
+            async for out in self._generate(engine, request_iterator):
+                yield out
 
     async def GenerateWhole(self, request: engine_pb2.GenerateRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """Generate's parts in one message, with the stream's checks, budget, errors and trailers. Every part is
         here already: no per-part reads, timeouts or end-of-stream watcher, so the engine is reached sooner."""
         engine = self._ready()
-        self._in_flight += 1
-        held = 0
-        try:
+        with self._counted(context):
             engine_request, held = self._assemble_whole(engine, request.parts)
-            async with aclosing(engine.generate(engine_request)) as outputs:
-                async for out in outputs:
-                    yield out.to_pb()
-        finally:
-            self.budget.give(held)
-            context.set_trailing_metadata(((TRAILER, self._load_report()),))
-            self._in_flight -= 1
-            self._rate.finished()
+            try:
+                async with aclosing(engine.generate(engine_request)) as outputs:
+                    async for out in outputs:
+                        yield out.to_pb()
+            finally:
+                self.budget.give(held)
 
     def _assemble_whole(self, engine: LLMEngine, parts: Sequence[engine_pb2.GenerateRequestPart],
                         ) -> tuple[EngineRequest, int]:

@@ -139,66 +139,68 @@ class CallGuard:
         return prepare
 
     def _unary(self, inner, prepare, method: str):
-        drain = self.drain
-        metrics = _Metrics(method)
+        drain, metrics = self.drain, _Metrics(method)
 
         async def wrapper(raw, context):
-            metrics.start()
-            start = _now()
-            try:
-                tickets: list[Ticket] = []
-                entered = False
-                try:
-                    try:
-                        request = prepare(raw, context, tickets)
-                        drain.enter()
-                        entered = True
-                        response = await inner(request, context)
-                    finally:
-                        if entered:
-                            drain.leave()
-                        for ticket in tickets:
-                            ticket.release()
-                except Exception as exc:
-                    await _abort(context, method, exc)
-            except BaseException as exc:
-                metrics.done(context, exc, _now() - start)
-                raise
-            metrics.done(context, None, _now() - start)
-            return response
+            async with _Call(drain, metrics, method, context) as call:
+                request = prepare(raw, context, call.tickets)
+                call.enter()
+                return await inner(request, context)
 
         return wrapper
 
     def _streaming(self, inner, prepare, method: str):
-        drain = self.drain
-        metrics = _Metrics(method)
+        drain, metrics = self.drain, _Metrics(method)
 
         async def wrapper(raw, context):
-            metrics.start()
-            start = _now()
-            try:
-                tickets: list[Ticket] = []
-                entered = False
-                try:
-                    try:
-                        request = prepare(raw, context, tickets)
-                        drain.enter()
-                        entered = True
-                        async for item in inner(request, context):
-                            yield item
-                    finally:
-                        if entered:
-                            drain.leave()
-                        for ticket in tickets:
-                            ticket.release()
-                except Exception as exc:
-                    await _abort(context, method, exc)
-            except BaseException as exc:
-                metrics.done(context, exc, _now() - start)
-                raise
-            metrics.done(context, None, _now() - start)
+            async with _Call(drain, metrics, method, context) as call:
+                request = prepare(raw, context, call.tickets)
+                call.enter()
+                async for item in inner(request, context):
+                    yield item
 
         return wrapper
+
+
+class _Call:
+    """One guarded call around its preparation and its servicer: counted in the metrics from its start, in the
+    drain once let in (`enter`), holding its admission tickets until it ends; an Exception becomes its status code
+    (`_abort`), and the metrics record the status the client gets. A class, not @asynccontextmanager: one object
+    and two plain method calls per call."""
+
+    __slots__ = ("context", "drain", "entered", "method", "metrics", "start", "tickets")
+
+    def __init__(self, drain: Drain, metrics: _Metrics, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.drain, self.metrics, self.method, self.context = drain, metrics, method, context
+        self.tickets: list[Ticket] = []
+        self.entered = False
+        self.start = 0.0
+
+    async def __aenter__(self) -> _Call:
+        self.metrics.start()
+        self.start = _now()
+        return self
+
+    def enter(self) -> None:
+        self.drain.enter()
+        self.entered = True
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if self.entered:
+            self.drain.leave()
+        for ticket in self.tickets:
+            ticket.release()
+        final = exc
+        try:
+            if isinstance(exc, Exception):
+                await _abort(self.context, self.method, exc)  # raises the status the client gets
+        except BaseException as aborted:
+            final = aborted
+            raise
+        finally:
+            # (a cancellation or a closed stream is not an Exception: it propagates as it is, nothing awaited)
+            self.metrics.done(self.context, final, _now() - self.start)
+        return False
 
 
 async def _parsed_stream(raw: AsyncIterator[bytes], parse: Callable[[bytes], object],
