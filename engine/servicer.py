@@ -158,12 +158,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         assembler.feed(first)  # the header: declared sizes are capped by the budget before any tensor byte arrives
         refusal = self._model_refusal(first.header.model_fingerprint, engine)
         if refusal is not None:
-            # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
-            # send failure (INTERNAL) instead of this status.
-            received = 1
-            while await self._next(parts, received) is not None:
-                received += 1
-            raise refusal
+            raise refusal  # (the call guard reads the rest of the stream before it sends this)
         # The call holds its tensor bytes as they arrive (the buffers are committed as written), each chunk
         # before it is written: a silent stream holds nothing, so it cannot keep others out for free.
         held = 0

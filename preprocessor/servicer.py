@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
@@ -13,7 +12,7 @@ from preprocessor.admission import Admission, Ticket
 from preprocessor.convert import conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
 from preprocessor.upload import UploadAssembler
-from splice.errors import DeadlineExceeded, InvalidArgument, SpliceError
+from splice.errors import DeadlineExceeded, InvalidArgument
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -64,26 +63,17 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         parts = aiter(request_iterator)
         idle = core.limits.upload_idle_timeout
         try:
-            try:
-                received = 0
-                while (part := await _next_part(parts, received, idle)) is not None:
-                    # It holds its bytes as they arrive (the buffers are committed as written), each part
-                    # before it is written; the request message once it admitted the upload.
-                    if tickets:
-                        tickets[0].grow(part.ByteSize())
-                    upload.feed(part)
-                    if received == 0 and tickets:
-                        tickets[0].grow(part.ByteSize())
-                    received += 1
-            except SpliceError as exc:
-                # Read and drop the rest: a server that stops reading mid-stream makes the client see its own
-                # send failure (INTERNAL) instead of this status. Not from a silent stream, nor for longer
-                # than the idle timeout allows between parts.
-                if not isinstance(exc, DeadlineExceeded):
-                    with contextlib.suppress(DeadlineExceeded):
-                        while await _next_part(parts, received, idle) is not None:
-                            pass
-                raise
+            # (a refusal reads the rest of the stream before it is sent: splice.call_guard)
+            received = 0
+            while (part := await _next_part(parts, received, idle)) is not None:
+                # It holds its bytes as they arrive (the buffers are committed as written), each part
+                # before it is written; the request message once it admitted the upload.
+                if tickets:
+                    tickets[0].grow(part.ByteSize())
+                upload.feed(part)
+                if received == 0 and tickets:
+                    tickets[0].grow(part.ByteSize())
+                received += 1
             if tickets:
                 tickets[0].place()
             request, streamed = upload.finish()

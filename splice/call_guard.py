@@ -13,11 +13,14 @@ so a call pays for one coroutine layer and nothing else; health and reflection a
 
 A unary request reaches the wrapper as raw bytes (its deserializer is removed) and is parsed only once the call
 was authorized and admitted: a refused message is never parsed, as before. A client stream's messages are
-parsed one by one as the servicer reads them, after the same checks.
+parsed one by one as the servicer reads them, after the same checks; a client stream refused before its end
+is read to its end (bounded, unparsed) before the refusal is sent, so grpc.aio clients see it (`_drop_rest`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -26,12 +29,14 @@ from typing import Protocol
 import grpc
 
 from splice.drain import Drain
-from splice.errors import Unauthenticated
+from splice.errors import DeadlineExceeded, Unauthenticated
 from splice.grpc_errors import Malformed, _abort, _refuse, _tolerant
 from splice.metrics.rpc import RPC_SECONDS, RPCS, RPCS_IN_FLIGHT
 from splice.metrics_interceptor import status_code
 
 PREFIX = "/splice.v1."
+REFUSED_STREAM_GAP = 1.0  # seconds a refused client stream may stay quiet while it is read to its end
+REFUSED_STREAM_SECONDS = 10.0  # seconds it may take in all
 UNAUTHENTICATED = "missing or wrong API key: send 'authorization: Bearer KEY' metadata"
 
 
@@ -120,10 +125,10 @@ class CallGuard:
     def _unary_prepare(self, parse: Callable[[bytes], object], method: str):
         admission = self.admission
 
-        def prepare(raw: bytes, context: grpc.aio.ServicerContext, tickets: list[Ticket]) -> object:
+        def prepare(raw: bytes, context: grpc.aio.ServicerContext, call: _Call) -> object:
             self._authorize(context)
             if admission is not None:
-                tickets.append(admission.enter(len(raw)))  # before parsing: a refused message is never parsed
+                call.tickets.append(admission.enter(len(raw)))  # before parsing: a refused message is never parsed
             request = parse(raw)
             if isinstance(request, Malformed):
                 raise _refuse(method, request)
@@ -132,7 +137,8 @@ class CallGuard:
         return prepare
 
     def _stream_prepare(self, parse: Callable[[bytes], object], method: str):
-        def prepare(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tickets: list[Ticket]) -> object:
+        def prepare(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext, call: _Call) -> object:
+            call.unread = raw  # from here on, a refusal reads the rest of the stream before it is sent
             self._authorize(context)
             return _parsed_stream(raw, parse, method)
 
@@ -143,7 +149,7 @@ class CallGuard:
 
         async def wrapper(raw, context):
             async with _Call(drain, metrics, method, context) as call:
-                request = prepare(raw, context, call.tickets)
+                request = prepare(raw, context, call)
                 call.enter()
                 return await inner(request, context)
 
@@ -154,7 +160,7 @@ class CallGuard:
 
         async def wrapper(raw, context):
             async with _Call(drain, metrics, method, context) as call:
-                request = prepare(raw, context, call.tickets)
+                request = prepare(raw, context, call)
                 call.enter()
                 async for item in inner(request, context):
                     yield item
@@ -165,16 +171,17 @@ class CallGuard:
 class _Call:
     """One guarded call around its preparation and its servicer: counted in the metrics from its start, in the
     drain once let in (`enter`), holding its admission tickets until it ends; an Exception becomes its status code
-    (`_abort`), and the metrics record the status the client gets. A class, not @asynccontextmanager: one object
-    and two plain method calls per call."""
+    (`_abort`), after the rest of a refused client stream was read (`_drop_rest`), and the metrics record the
+    status the client gets. A class, not @asynccontextmanager: one object and two plain method calls per call."""
 
-    __slots__ = ("context", "drain", "entered", "method", "metrics", "start", "tickets")
+    __slots__ = ("context", "drain", "entered", "method", "metrics", "start", "tickets", "unread")
 
     def __init__(self, drain: Drain, metrics: _Metrics, method: str, context: grpc.aio.ServicerContext) -> None:
         self.drain, self.metrics, self.method, self.context = drain, metrics, method, context
         self.tickets: list[Ticket] = []
         self.entered = False
         self.start = 0.0
+        self.unread: AsyncIterator[bytes] | None = None  # a client stream's raw messages
 
     async def __aenter__(self) -> _Call:
         self.metrics.start()
@@ -193,6 +200,8 @@ class _Call:
         final = exc
         try:
             if isinstance(exc, Exception):
+                if self.unread is not None and not isinstance(exc, DeadlineExceeded):  # (a silent stream)
+                    await _drop_rest(self.unread)
                 await _abort(self.context, self.method, exc)  # raises the status the client gets
         except BaseException as aborted:
             final = aborted
@@ -211,6 +220,24 @@ async def _parsed_stream(raw: AsyncIterator[bytes], parse: Callable[[bytes], obj
         if isinstance(request, Malformed):
             raise _refuse(method, request)
         yield request
+
+
+async def _drop_rest(raw: AsyncIterator[bytes]) -> None:
+    """Reads and drops, unparsed, what a refused client stream still sends: until it half-closes, goes quiet for
+    REFUSED_STREAM_GAP seconds, or REFUSED_STREAM_SECONDS pass.
+
+    Why: a grpc.aio client whose write fails because the server already ended the call reports INTERNAL
+    ("Failed execute_batch", grpc/grpc#36066) in place of the status the server sent, about one time in two when
+    the server refuses a stream before it was read to its end (a wrong key, a declared size over the cap, a
+    malformed part). Reading to the half-close first lets every client see the real refusal. Bounded, so a
+    refused caller cannot hold the server for long."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + REFUSED_STREAM_SECONDS
+    messages = aiter(raw)
+    with contextlib.suppress(Exception):  # TimeoutError, or the stream already failed or was cancelled
+        while (left := end - loop.time()) > 0:
+            if await asyncio.wait_for(anext(messages, None), min(REFUSED_STREAM_GAP, left)) is None:
+                return
 
 
 def _now() -> float:
