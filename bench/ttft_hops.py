@@ -6,6 +6,8 @@ request after the other, alternating.
 
 A vision model's request carries one 224x224 image; a text model's is one short user message. Both sides
 normalize (template, tokenization, image processing) and prefill the same request; the difference is the hops.
+Beside each pair it times one call through two nested gRPC hops that do no work (bench.wire_floor): the wire's
+floor under what the hops add.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from PIL import Image
 
 from app.launch import start_stack
 from app.models import resolve_model
+from bench.wire_floor import Floor
 from clients import AsyncSpliceClient, image_part, text_part
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -60,6 +63,7 @@ async def main() -> None:
     conv = Conversation((Message("user", parts, False, 0),))
     content = [image_part(image), text_part(text)] if image else [text_part(text)]
     stack, pre = start_stack(args.model)
+    floor = Floor()
     try:
         async with AsyncSpliceClient(pre.address, timeout=120) as client:
             async def hops() -> float:
@@ -77,15 +81,19 @@ async def main() -> None:
             for _ in range(3):
                 await hops()
                 await direct()
-            ours, base = [], []
+                await floor.call()
+            ours, base, wire = [], [], []
             for _ in range(args.repeats):
                 ours.append(await hops() * 1e3)
                 base.append(await direct() * 1e3)
+                wire.append(await floor.call() * 1e3)
         added = [a - b for a, b in zip(ours, base, strict=True)]
         print(f"{args.model}: TTFT through both hops {statistics.median(ours):.2f} ms vs in-process "
               f"{statistics.median(base):.2f} ms; added by the hops: median {statistics.median(added):.2f} ms "
-              f"[{min(added):.2f}..{max(added):.2f}] (n={len(added)})", flush=True)
+              f"[{min(added):.2f}..{max(added):.2f}] (n={len(added)}); the wire's floor (two nested hops doing "
+              f"nothing): {statistics.median(wire):.2f} ms [{min(wire):.2f}..{max(wire):.2f}]", flush=True)
     finally:
+        await floor.close()
         pre.stop()
         stack.stop()
         engine.stop()
