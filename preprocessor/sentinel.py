@@ -84,6 +84,11 @@ class Sentinels:
     def id_set(self) -> frozenset[int]:
         return frozenset(self.ids)
 
+    @cached_property
+    def part_of(self) -> dict[int, int]:
+        """Sentinel ID -> the prompt_embeds part it stands for (built once: every request looks them up)."""
+        return {sid: k for k, sid in enumerate(self.ids)}
+
     def check_text(self, text: str, where: object, what: str = "text") -> None:
         """Caller text may not contain a sentinel: it would be read as a prompt_embeds part. `where` ("" for
         none) and `what` name the text in the message."""
@@ -112,7 +117,7 @@ class Sentinels:
         if len(rows) > self.count:
             raise InvalidArgument(f"the request has {len(rows)} prompt_embeds parts; the preprocessor has "
                                   f"{self.count} sentinels")
-        part_of = {sid: k for k, sid in enumerate(self.ids)}
+        part_of = self.part_of
         seen = [0] * len(rows)
         for t in ids:
             k = part_of.get(t)

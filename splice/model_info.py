@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ class ModelInfo:
     def accepts_images(self) -> bool:
         return IMAGE in self.input_kinds
 
-    @property
+    @functools.cached_property  # every request carries it and every engine call checks it
     def fingerprint(self) -> str:
         """What a request validated against this model depends on. Every request carries it, so an engine
         replica serving another model refuses the request instead of serving it wrong."""
