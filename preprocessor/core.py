@@ -101,8 +101,8 @@ class PreprocessorCore:
     async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
                    ) -> AsyncIterator[GenerationChunk]:
         arrival = time.perf_counter()
-        # Normalized fully before the engine is contacted: every rejection happens here. In a thread:
-        # image processing and tensor decoding would otherwise stall every other stream on this loop.
+        # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
+        # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
         rendered = await self._prerendered(conv)
         kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
         if _inline((p for m in conv.messages for p in m.parts), kwargs):
