@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import random
 
-from preprocessor.detokenizer import REPLACEMENT, IncrementalDetokenizer
+import pytest
+from transformers import AutoTokenizer
+
+from preprocessor.detokenizer import REPLACEMENT, IncrementalDetokenizer, decoder, decodes_directly
 from preprocessor.stop import StopMatcher
+from tests.conftest import SHARED_MODELS
 
 TEXTS = ["héllo wörld, 世界! 🎉🎉 done", "plain ascii text here", "ñ€𝄞 mixed 😀 bytes"]
 
@@ -84,3 +88,32 @@ def test_nothing_after_a_match():
 
 def test_no_stops_passes_through():
     assert _run([], ["a", "b"])[0] == ["a", "b"]
+
+
+def _tokenizers(tiny, shared_dir):
+    out = {name: files.tokenizer for name, (files, _) in tiny.items()}
+    if shared_dir.is_dir():
+        for path in sorted(shared_dir.iterdir()):
+            try:
+                out[path.name] = AutoTokenizer.from_pretrained(path)
+            except Exception:  # a folder without a tokenizer (its README says what loads)
+                continue
+    return out
+
+
+def test_the_direct_decoder_equals_hfs_decode(tiny):
+    """The detokenizer skips HF's decode wrapper where it only calls the Rust tokenizer; the text must be the
+    same for every tokenizer Splice ships or is tested against, special tokens and sentinels included."""
+    tokenizers = _tokenizers(tiny, SHARED_MODELS)
+    assert decodes_directly(tiny["tiny-text"][0].tokenizer)  # the path under test is taken
+    rng = random.Random(0)
+    for name, tok in tokenizers.items():
+        special = list(tok.all_special_ids) + list(tok.added_tokens_decoder)
+        texts = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+        samples = texts + [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))] for _ in range(30)]
+        samples += [[*s[:3], rng.choice(special), *s[3:]] for s in samples[:10] if special]
+        for skip in (True, False):
+            fast = decoder(tok, skip)
+            for ids in samples:
+                assert fast(ids) == tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False), \
+                    (name, skip, ids)
