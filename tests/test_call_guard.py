@@ -5,6 +5,7 @@ code, a refused message is never parsed, and every refusal or cancel gives back 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -179,6 +180,29 @@ async def test_a_refused_client_stream_that_goes_quiet_is_let_go():
         assert await asyncio.wait_for(call.code(), 10) == grpc.StatusCode.UNAUTHENTICATED
         assert asyncio.get_running_loop().time() - began < REFUSED_STREAM_GAP + 2
         call.cancel()
+
+
+async def test_a_refused_client_stream_that_never_ends_is_let_go_after_the_bound(monkeypatch):
+    """A caller cannot hold the server by trickling parts after a refusal: the rest is read for at most
+    REFUSED_STREAM_SECONDS, then the refusal goes out (a client still writing then may see grpc's INTERNAL)."""
+    monkeypatch.setattr("splice.call_guard.REFUSED_STREAM_SECONDS", 1.0)
+    async with _Stack(Admission()) as stack:
+        before = _count("Upload", "UNAUTHENTICATED")
+        call = stack.channel.stream_stream(f"/{SERVICE}/Upload")(metadata=())
+
+        async def trickle() -> None:
+            with contextlib.suppress(Exception):
+                while True:
+                    await call.write(b"x")
+                    await asyncio.sleep(0.2)  # within the quiet gap, never half-closed
+
+        writer = asyncio.ensure_future(trickle())
+        began = asyncio.get_running_loop().time()
+        await asyncio.wait_for(call.code(), 10)
+        assert asyncio.get_running_loop().time() - began < 1.0 + 2
+        await _until(lambda: _count("Upload", "UNAUTHENTICATED") == before + 1)  # what the server sent
+        writer.cancel()
+        assert (stack.servicer.parsed, stack.admission.held, stack.drain.in_flight) == (0, 0, 0)
 
 
 async def test_admission_refuses_by_raw_size_before_parsing():
