@@ -55,10 +55,12 @@ class Floor:
     """The echo and relay processes; `await floor.call()` is one call through both, in seconds."""
 
     def __init__(self) -> None:
+        """Inside a running event loop (its channel belongs to it)."""
         self._procs: list[subprocess.Popen] = []
         echo = self._start([])
         self.target = self._start(["--relay-to", echo])
-        self._channel: grpc.aio.Channel | None = None
+        self._channel = grpc.aio.insecure_channel(self.target, options=CLIENT_OPTIONS)
+        self._call = self._channel.unary_stream(METHOD)
 
     def _start(self, args: list[str]) -> str:
         proc = subprocess.Popen([sys.executable, "-m", "bench.wire_floor", "serve", *args], stdout=subprocess.PIPE,
@@ -71,17 +73,13 @@ class Floor:
         return f"127.0.0.1:{line.split()[1]}"
 
     async def call(self) -> float:
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=CLIENT_OPTIONS)
-            self._call = self._channel.unary_stream(METHOD)
         start = time.perf_counter()
         async for _ in self._call(b"r" * REQUEST_BYTES):
             return time.perf_counter() - start
         raise RuntimeError("no message")
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
+        await self._channel.close()
         self.stop()
 
     def stop(self) -> None:

@@ -33,7 +33,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         # A getter, not the core: the engine link swaps the core when the engine (re)appears; it raises
         # Unavailable while there is none.
         self._core = core
-        # Unary-request calls are admitted by AdmissionInterceptor; Upload here, by the size it declares.
+        # Unary-request calls are admitted by the call guard; Upload here, by the size it declares.
         self._admission = admission or Admission()
 
     async def Chat(self, request: preprocessor_pb2.ChatRequest,

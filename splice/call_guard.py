@@ -1,8 +1,7 @@
 """Everything a splice.v1 call goes through on a server, in ONE wrapper per method built once at start-up:
 metrics, errors -> status codes, the bearer token, admission (preprocessor) and drain.
 
-The same work the separate interceptors did (MetricsInterceptor, ErrorInterceptor, the token check, admission,
-drain), in the same order, outermost first:
+In this order, outermost first:
 
     metrics -> errors -> token -> admission -> parse -> drain -> servicer
 
@@ -32,7 +31,6 @@ from splice.drain import Drain
 from splice.errors import DeadlineExceeded, Unauthenticated
 from splice.grpc_errors import Malformed, _abort, _refuse, _tolerant
 from splice.metrics.rpc import RPC_SECONDS, RPCS, RPCS_IN_FLIGHT
-from splice.metrics_interceptor import status_code
 
 PREFIX = "/splice.v1."
 REFUSED_STREAM_GAP = 1.0  # seconds a refused client stream may stay quiet while it is read to its end
@@ -48,6 +46,19 @@ class Admission(Protocol):
     """preprocessor.admission.Admission: a place and `nbytes` for one request, or ResourceExhausted."""
 
     def enter(self, nbytes: int) -> Ticket: ...
+
+
+def status_code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> grpc.StatusCode:
+    """The status a handler that ended with `exc` (None: returned normally) sends to the client."""
+    if exc is None or isinstance(exc, grpc.aio.AbortError):
+        # context.abort() and context.set_code() both leave the code on the context
+        return context.code() or grpc.StatusCode.OK
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        # grpc.aio cancels the handler when the client cancels or the deadline passes
+        remaining = context.time_remaining()
+        return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else \
+            grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN  # what grpc.aio answers for an exception nobody mapped
 
 
 class _Metrics:

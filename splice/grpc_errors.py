@@ -1,22 +1,21 @@
-"""Server interceptor: SpliceError -> its gRPC status code; anything else -> INTERNAL, logged.
+"""Errors -> gRPC status codes, for splice.call_guard: SpliceError -> its code; anything else -> INTERNAL, logged.
 
 Servicers stay thin: they raise the core's errors and never call context.abort themselves.
 
 Requests that do not parse (malformed protobuf, invalid UTF-8 in a string field) are the caller's fault:
 gRPC would answer UNKNOWN and log a traceback from inside its deserializer, so the deserializer is wrapped
-to hand the handler a Malformed marker instead, which becomes INVALID_ARGUMENT and one log line.
+to hand the guard a Malformed marker instead, which becomes INVALID_ARGUMENT and one log line.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
 from splice.errors import InvalidArgument, SpliceError
-from splice.grpc_wrap import SpliceInterceptor, rewrap
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +46,6 @@ def _refuse(method: str, bad: Malformed) -> InvalidArgument:
                            f"{bad.reason} (malformed protobuf or invalid UTF-8 in a string field)")
 
 
-async def _checked(requests: AsyncIterator[object], method: str) -> AsyncIterator[object]:
-    async for request in requests:
-        if isinstance(request, Malformed):
-            raise _refuse(method, request)
-        yield request
-
-
-def _parsed(request: object, method: str) -> object:
-    """The request (or, for client streams, an iterator that raises at the first malformed message)."""
-    if isinstance(request, Malformed):
-        raise _refuse(method, request)
-    if hasattr(request, "__aiter__"):
-        return _checked(request, method)
-    return request
-
-
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, SpliceError):
         return grpc.StatusCode[exc.code], exc.message
@@ -76,29 +59,3 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, exc: Exception)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
     await context.abort(code, message)
-
-
-class ErrorInterceptor(SpliceInterceptor):
-    """Every exception of a splice.v1 handler becomes its status code."""
-
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        def unary(inner):
-            async def wrapper(request, context):
-                try:
-                    return await inner(_parsed(request, method), context)
-                except Exception as exc:
-                    await _abort(context, method, exc)
-
-            return wrapper
-
-        def streaming(inner):
-            async def wrapper(request, context):
-                try:
-                    async for item in inner(_parsed(request, method), context):
-                        yield item
-                except Exception as exc:
-                    await _abort(context, method, exc)
-
-            return wrapper
-
-        return rewrap(handler, unary, streaming, _tolerant(handler.request_deserializer))

@@ -1,6 +1,6 @@
 """CallGuard: the one wrapper every splice.v1 call goes through (metrics, errors, key, admission, drain), driven
-through a real grpc.aio server: the client sees the code the separate interceptors gave, metrics record that
-code, a refused message is never parsed, and every refusal or cancel gives back what the call held."""
+through a real grpc.aio server: each error becomes its status code, metrics record the code the client gets, a
+refused message is never parsed, and every refusal or cancel gives back what the call held."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from preprocessor.admission import Admission
-from splice.call_guard import REFUSED_STREAM_GAP, CallGuard
+from splice.call_guard import REFUSED_STREAM_GAP, CallGuard, status_code
 from splice.drain import Drain
 from splice.errors import InvalidArgument
 
@@ -241,3 +241,25 @@ async def test_other_services_pass_untouched():
     guard = CallGuard(Drain(), api_key=KEY)
     handler = grpc.unary_unary_rpc_method_handler(_Servicer().ok)
     assert guard.wrap(handler, "/grpc.health.v1.Health/Check") is handler
+
+
+class _Context:
+    def __init__(self, code: grpc.StatusCode | None = None, remaining: float | None = None) -> None:
+        self._code, self._remaining = code, remaining
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def time_remaining(self) -> float | None:
+        return self._remaining
+
+
+def test_the_status_a_handler_ends_with():
+    assert status_code(_Context(), None) == grpc.StatusCode.OK
+    assert status_code(_Context(grpc.StatusCode.NOT_FOUND), None) == grpc.StatusCode.NOT_FOUND  # set_code
+    abort = grpc.aio.AbortError()
+    assert status_code(_Context(grpc.StatusCode.INVALID_ARGUMENT), abort) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_code(_Context(), asyncio.CancelledError()) == grpc.StatusCode.CANCELLED
+    assert status_code(_Context(remaining=5.0), asyncio.CancelledError()) == grpc.StatusCode.CANCELLED
+    assert status_code(_Context(remaining=0.0), asyncio.CancelledError()) == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_code(_Context(), RuntimeError()) == grpc.StatusCode.UNKNOWN

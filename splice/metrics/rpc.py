@@ -1,5 +1,4 @@
-"""RPC metrics, recorded by splice.call_guard.CallGuard in both services
-(splice.metrics_interceptor.MetricsInterceptor records the same for any other grpc.aio server)."""
+"""RPC metrics, recorded by splice.call_guard.CallGuard in both services."""
 
 from __future__ import annotations
 
