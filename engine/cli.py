@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what runs the text stack: auto = Splice's own forward where the architecture has one "
                              "(Llama, Qwen2 text stacks), else transformers' modules; splice = Splice's or fail; "
                              "transformers = always transformers' modules")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads (per tensor-parallel rank); default: $OMP_NUM_THREADS when "
+                             "set, else this host's CPUs less one (shared by the ranks), leaving a core to the "
+                             "serving loop and a co-located preprocessor")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -65,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, auto_torch_threads
     from engine.server import EngineServer
     from splice.metrics import start_exporter
 
@@ -80,7 +84,9 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
                        upload_idle_timeout=args.upload_idle_timeout,
                        tensor_parallel_size=args.tensor_parallel_size,
                        mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
-                       model_impl=args.model_impl)
+                       model_impl=args.model_impl,
+                       torch_threads=(args.torch_threads if args.torch_threads is not None
+                                      else auto_torch_threads(args.tensor_parallel_size)))
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)

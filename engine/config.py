@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.models.lean_llama import IMPLS
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
@@ -41,6 +43,9 @@ class EngineConfig:
     # (engine/models/lean_llama.py: Llama, Qwen2), else transformers' modules; "splice" = Splice's or an error;
     # "transformers" = always transformers' modules
     model_impl: str = "auto"
+    # torch's intra-op threads in this process (and each tensor-parallel rank); None = leave torch's setting, as
+    # an engine embedded in someone else's process should. `splice engine` passes auto_torch_threads()
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -67,9 +72,39 @@ class EngineConfig:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.model_impl not in IMPLS:
             raise ValueError(f"model_impl must be one of {IMPLS}, got {self.model_impl!r}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 
     @property
     def served_name(self) -> str:
         return self.model_name or self.model
+
+
+CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD" (docker --cpus, a k8s CPU limit)
+
+
+def usable_cpus(cpu_max: str = CPU_MAX) -> int:
+    """CPUs this process may run on: its affinity, capped by its cgroup's CPU quota (rounded up) when it has one."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max" or not quota.isdigit() or not period.isdigit() or int(period) == 0:
+        return cpus
+    return max(1, min(cpus, -(-int(quota) // int(period))))
+
+
+def auto_torch_threads(ranks: int = 1, cpu_max: str = CPU_MAX) -> int:
+    """torch threads for each of `ranks` engine processes on this host: $OMP_NUM_THREADS when set, else the usable
+    CPUs less one, shared by the ranks (at least one each).
+
+    The CPU left over is the event loop's (gRPC, the tokens going out) and a co-located preprocessor's: torch's
+    default takes every core, and its OpenMP threads spin between the small ops of a decode step, so on a small
+    host they take the core the loop needs (README, Performance: bench.torch_threads)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (usable_cpus(cpu_max) - 1) // ranks)

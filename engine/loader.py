@@ -84,13 +84,16 @@ def load(cfg: EngineConfig) -> LoadedModel:
     family_cls = family_for(config)
     arch = (config.architectures or [family_cls.name])[0]
     device = pick_device(cfg.device)
+    if cfg.torch_threads is not None:
+        torch.set_num_threads(cfg.torch_threads)
     pretrained = {}
     if cfg.tensor_parallel_size > 1:  # this process is one rank (engine/tensor_parallel.py)
         pretrained["distributed_config"] = DistributedConfig(tp_size=cfg.tensor_parallel_size, tp_plan="auto")
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     dtype = pick_dtype(cfg.dtype, config, device)
-    log.info("loading %s (%s, family %s) on %s as %s", path, arch, family_cls.name, device, dtype)
+    log.info("loading %s (%s, family %s) on %s as %s, %d torch thread(s)", path, arch, family_cls.name, device, dtype,
+             torch.get_num_threads())
     model = family_cls.load_model(path, config, dtype, **pretrained).to(device).eval()
     family = family_cls(model, device, dtype)
     impl = family.select_impl(cfg.model_impl, tensor_parallel=cfg.tensor_parallel_size > 1)

@@ -35,3 +35,33 @@ def test_cli_serves_on_the_printed_port_and_stops_cleanly(tiny_dirs):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _logged_threads(args: list[str], env: dict[str, str]) -> str:
+    """The engine process's own start-up log line about its torch threads."""
+    cmd = [sys.executable, "-m", "app.cli", "engine", "--model", "tiny-text", "--port", "0", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env})
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("engine serving on"):
+                break
+        loading = [line for line in lines if "torch thread(s)" in line]
+        assert len(loading) == 1, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        return loading[0].split(", ")[-1].split(" torch")[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_torch_threads_flag_then_omp_num_threads(tiny_dirs):
+    """--torch-threads wins over $OMP_NUM_THREADS, which the default honours (the CPU-count rule is unit-tested
+    in test_engine_config.py: this host's count is whatever CI runs on)."""
+    assert _logged_threads(["--torch-threads", "3"], {"OMP_NUM_THREADS": "1"}) == "3"
+    assert _logged_threads([], {"OMP_NUM_THREADS": "2"}) == "2"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, auto_torch_threads, usable_cpus
 from engine.loader import pick_device, pick_dtype
 
 
@@ -20,6 +22,7 @@ from engine.loader import pick_device, pick_dtype
     (dict(mixed_prefill_tokens=0), "mixed_prefill_tokens"),
     (dict(stream_interval=0), "stream_interval"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size"),
+    (dict(torch_threads=0), "torch_threads must be >= 1, got 0"),
     (dict(model_impl="vllm"), r"model_impl must be one of \('auto', 'splice', 'transformers'\), got 'vllm'"),
 ])
 def test_invalid_configs_are_rejected(kwargs, match):
@@ -43,3 +46,39 @@ def test_auto_device_and_dtype():
     assert pick_dtype("auto", Config(), torch.device("cpu")) is torch.float32
     assert pick_dtype("auto", Config(), torch.device("cuda")) is torch.bfloat16
     assert pick_dtype("float16", Config(), torch.device("cpu")) is torch.float16
+
+
+@pytest.mark.parametrize(("cpus", "env", "ranks", "want"), [
+    (8, None, 1, 7),  # one CPU left to the serving loop and a co-located preprocessor
+    (8, None, 2, 3),  # the rest shared by the tensor-parallel ranks
+    (2, None, 1, 1),
+    (1, None, 1, 1),  # never zero
+    (3, None, 4, 1),
+    (8, "3", 1, 3),  # OMP_NUM_THREADS, when set, is the operator's choice
+    (8, "", 1, 7),  # set but empty or not a count: ignored, as by OpenMP
+    (8, "many", 1, 7),
+    (8, "0", 1, 7),
+])
+def test_auto_torch_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    assert auto_torch_threads(ranks, cpu_max=str(tmp_path / "none")) == want
+
+
+@pytest.mark.parametrize(("cpu_max", "want"), [
+    ("max 100000", 8),  # no quota
+    ("200000 100000", 2),  # docker --cpus 2
+    ("150000 100000", 2),  # 1.5 CPUs: rounded up
+    ("50000 100000", 1),
+    ("1600000 100000", 8),  # a quota above the affinity: the affinity
+    ("garbage", 8),
+])
+def test_usable_cpus_reads_the_cgroup_quota(monkeypatch, tmp_path, cpu_max, want):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max + "\n")
+    assert usable_cpus(str(path)) == want
+    assert usable_cpus(str(tmp_path / "absent")) == 8
