@@ -8,11 +8,15 @@ import contextlib
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
 from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import Resolve, run_service
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +72,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
-async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
+def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
+    """The engine's flags as an EngineConfig for the model in `folder`; ValueError names a flag out of range."""
     from engine.config import EngineConfig, auto_torch_threads
+
+    return EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
+                        max_queue=args.max_queue, model_name=args.model,
+                        max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
+                        upload_idle_timeout=args.upload_idle_timeout,
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
+                        model_impl=args.model_impl,
+                        torch_threads=(args.torch_threads if args.torch_threads is not None
+                                       else auto_torch_threads(args.tensor_parallel_size)))
+
+
+async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
     from engine.server import EngineServer
     from splice.metrics import start_exporter
 
@@ -77,16 +96,7 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"engine metrics on {exporter.address}", flush=True)
     folder = resolve(args.model)
-    cfg = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                       max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
-                       max_queue=args.max_queue, model_name=args.model,
-                       max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
-                       upload_idle_timeout=args.upload_idle_timeout,
-                       tensor_parallel_size=args.tensor_parallel_size,
-                       mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
-                       model_impl=args.model_impl,
-                       torch_threads=(args.torch_threads if args.torch_threads is not None
-                                      else auto_torch_threads(args.tensor_parallel_size)))
+    cfg = config_from_args(args, folder)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)
@@ -105,6 +115,7 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
 def run(args: argparse.Namespace, resolve: Resolve) -> int:
     try:
         server_tls(args.tls_cert, args.tls_key, args.tls_ca)
+        config_from_args(args, args.model or "")  # flags out of range: one line now, not a traceback after loading
     except ValueError as exc:
         print(f"splice engine: {exc}", file=sys.stderr)
         return 2

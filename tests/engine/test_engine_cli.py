@@ -65,3 +65,14 @@ def test_torch_threads_flag_then_omp_num_threads(tiny_dirs):
     in test_engine_config.py: this host's count is whatever CI runs on)."""
     assert _logged_threads(["--torch-threads", "3"], {"OMP_NUM_THREADS": "1"}) == "3"
     assert _logged_threads([], {"OMP_NUM_THREADS": "2"}) == "2"
+
+
+@pytest.mark.parametrize(("flag", "named"), [("--torch-threads", "torch_threads"),
+                                             ("--stream-interval", "stream_interval"),
+                                             ("--max-running-seqs", "max_running_seqs")])
+def test_a_flag_out_of_range_is_one_line_before_anything_loads(flag, named):
+    done = subprocess.run([sys.executable, "-m", "app.cli", "engine", "--model", "no-such-model", "--port", "0",
+                           flag, "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"splice engine: {named} must be >= 1, got 0", done.stderr
+    assert "Traceback" not in done.stderr
