@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from preprocessor.content import Conversation, Embeds, Image, Message, Part, PromptPart, Text, TokenIds, Where
@@ -113,12 +114,27 @@ def prompt_from_http(body: CompletionRequest) -> list[PromptPart]:
     return parts
 
 
+# field -> the values (besides unset) that leave it off: any other value asks for something Splice does not do
+UNHONOURED: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
+    "min_tokens": (0,), "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "logit_bias": ({},),
+    "bad_words": ([],), "allowed_token_ids": (), "include_stop_str_in_output": (False,),
+    "spaces_between_special_tokens": (True,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
+    "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
+    "functions": ([],), "function_call": ("none", "auto"),
+}
+
+
 def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> SamplingParams:
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise InvalidArgument(f"{name} is not supported; leave it 0")
+    for name, off in UNHONOURED.items():
+        value = getattr(body, name)
+        if value is not None and value not in off:
+            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
+            raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,

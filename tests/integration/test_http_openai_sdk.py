@@ -154,6 +154,17 @@ def test_unsupported_values_and_unknown_model_are_clear(client):
     msgs = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model=MODEL, messages=msgs, n=2, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty is not supported"):
+        client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
+                                       extra_body={"repetition_penalty": 1.2})
+    with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
+        client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
+                                       response_format={"type": "json_object"})
+    off = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0, presence_penalty=0,
+                                         logit_bias={}, response_format={"type": "text"},
+                                         extra_body={"repetition_penalty": 1.0, "min_p": 0.0})
+    assert off.choices[0].message.content == client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=2, temperature=0).choices[0].message.content
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
