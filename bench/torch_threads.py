@@ -20,13 +20,12 @@ import shlex
 import statistics
 import time
 
-import torch
-
 from app.launch import Service, start
 from bench.measure import report_paired
 from bench.stack_throughput import prompts, stack_parser, stack_run
 from bench.ttft_hops import png
 from clients import AsyncSpliceClient, image_part, text_part
+from engine.config import usable_cpus
 from splice.model_info import IMAGE
 
 TTFT_CALLS = 20
@@ -53,7 +52,7 @@ async def first_token_ms(client: AsyncSpliceClient, image: bytes | None) -> floa
 async def main() -> None:
     args = stack_parser(__doc__).parse_args()
     os.environ.pop("OMP_NUM_THREADS", None)  # each engine picks its own threads, as under `splice up`
-    cores = torch.get_num_threads()
+    cores = usable_cpus()  # torch's own default: every core
     flags = ["--stream-interval", str(args.stream_interval), *shlex.split(args.engine_args)]
     stacks = {"ours": start_pair(args.model, args.streams, flags),
               "torch": start_pair(args.model, args.streams, [*flags, "--torch-threads", str(cores)])}

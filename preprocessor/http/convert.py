@@ -114,7 +114,8 @@ def prompt_from_http(body: CompletionRequest) -> list[PromptPart]:
     return parts
 
 
-# field -> the values (besides unset) that leave it off: any other value asks for something Splice does not do
+# Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
+# unset and null) that leave it off. Any other value is refused rather than the request served without it.
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
     "min_tokens": (0,), "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "logit_bias": ({},),
@@ -131,7 +132,7 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> S
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
     for name, off in UNHONOURED.items():
-        value = getattr(body, name)
+        value = (body.model_extra or {}).get(name)
         if value is not None and value not in off:
             leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
             raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")

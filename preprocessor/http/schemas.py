@@ -50,7 +50,10 @@ class StreamOptions(_Body):
 
 
 class GenerationFields(_Body):
-    """Fields both generation endpoints share (OpenAI's and vLLM's extras)."""
+    """Fields both generation endpoints share (OpenAI's and vLLM's extras). Other fields are kept, not dropped:
+    convert.UNHONOURED refuses those that ask for a control Splice does not implement."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     max_tokens: int | None = None
@@ -61,41 +64,12 @@ class GenerationFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    presence_penalty: float | None = None  # (not implemented: see UNHONOURED below)
-    frequency_penalty: float | None = None
     # vLLM's extras
     top_k: int | None = None  # -1 or 0 = off
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
     request_id: str | None = None
-    # sampling and output controls of OpenAI and vLLM that Splice does not implement: declared so that a request
-    # setting one is refused (convert.UNHONOURED lists the values that mean "off"), not silently served without it
-    repetition_penalty: Any = None
-    min_p: Any = None
-    min_tokens: Any = None
-    length_penalty: Any = None
-    best_of: Any = None
-    use_beam_search: Any = None
-    logit_bias: Any = None
-    bad_words: Any = None
-    allowed_token_ids: Any = None
-    include_stop_str_in_output: Any = None
-    spaces_between_special_tokens: Any = None
-    prompt_logprobs: Any = None
-    truncate_prompt_tokens: Any = None
-    logits_processors: Any = None
-    response_format: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
