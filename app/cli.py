@@ -15,8 +15,13 @@ import sys
 import threading
 from collections.abc import Callable
 
+from app.real_model import REAL_MODELS
 from app.tiny import DEFAULT_MODEL, TINY_MODELS
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
+
+REAL_DEFAULT = next(iter(REAL_MODELS))
+MODEL_HELP = (f"a built-in tiny model {sorted(TINY_MODELS)}, the built-in real model {REAL_DEFAULT}, a local HF "
+              f"folder, or an HF id")
 
 
 def _say(message: str) -> None:
@@ -171,7 +176,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from app.demo import run_demo
 
-    return run_demo(args.model, max_tokens=args.max_tokens)
+    return run_demo(args.model, max_tokens=args.max_tokens, real_model=args.real_model or None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"tiny model name {sorted(TINY_MODELS)}, HF folder or id")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
     p.add_argument("--engine-port", type=int, default=50061)
@@ -245,9 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*")
     p.set_defaults(func=_build_tiny)
 
-    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}")
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}, then "
+                       f"a question to the real model {REAL_DEFAULT}")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "
+                   "prompt embeddings ('' skips it)")
     p.set_defaults(func=_demo)
     for command in sub.choices.values():  # every --help shows the defaults
         command.formatter_class = argparse.ArgumentDefaultsHelpFormatter

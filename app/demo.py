@@ -98,22 +98,65 @@ def ask(client, messages: list[dict], max_tokens: int) -> tuple[str, object, str
     return text.strip(), usage, finish
 
 
-def run_demo(model: str, max_tokens: int = 24) -> int:
+REAL_QUESTION = "What is the capital of France?"
+REAL_TAIL_TOKENS = 3  # " of France?": the question's last tokens go as prompt embeddings
+
+
+def real_conversation(model_dir: str | Path) -> tuple[list[dict], list[dict]]:
+    """A question to the real model twice: its tail as a prompt_embeds part (the model's own rows for its tokens),
+    and as plain text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(REAL_QUESTION, add_special_tokens=False).input_ids
+    head, tail = ids[:-REAL_TAIL_TOKENS], ids[-REAL_TAIL_TOKENS:]
+    embeds = embedding_rows(model_dir, tail)  # [3, hidden]
+    part = {"type": "prompt_embeds", "prompt_embeds": pp.PromptEmbeds(torch_base64=vllm_base64(embeds)),
+            "shape": list(embeds.shape), "says": tok.decode(tail)}
+    as_embeds = [{"role": "user", "content": [{"type": "text", "text": tok.decode(head)}, part]}]
+    return as_embeds, [{"role": "user", "content": [{"type": "text", "text": REAL_QUESTION}]}]
+
+
+def run_demo(model: str, max_tokens: int = 24, real_model: str | None = None) -> int:
+    """The report's conversation on `model`, then (unless `real_model` is None) a question to the real model."""
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    _both_ways(model, seed_conversation, max_tokens, say, header=(
+        f"The report's conversation (a generated, mostly {colors.DEMO_PAIR[0]} picture), the favourite-colour "
+        f"sentence sent as prompt embeddings:"), text_header="The same question with the sentence as plain text:")
+    if real_model is None:
+        return 0
+    from app.models import resolve_model
+    from splice.errors import SpliceError
+
+    print()
+    try:
+        resolve_model(real_model, progress=say)
+    except SpliceError as exc:  # offline on first use: the first part stands on its own
+        print(f"The real-model part is skipped: {exc}")
+        return 0
+    _both_ways(real_model, real_conversation, max_tokens, say, header=(
+        f"The real model ({real_model}), a question whose tail is sent as prompt embeddings (the model's own rows; "
+        f"its vocabulary has no spare row, so the placeholder's ID lies past the table):"),
+        text_header="The same question as plain text:")
+    return 0
+
+
+def _both_ways(model: str, conversation, max_tokens: int, say, header: str, text_header: str) -> tuple[str, str]:
+    """Start a stack on `model`, ask `conversation(model_dir)`'s two forms, print both answers and whether they
+    are the same."""
     from app.launch import start_stack
     from app.models import model_note, resolve_model
     from clients import SpliceClient
 
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     model_dir = resolve_model(model, progress=say)
     if note := model_note(model):
         say(note)
-    say("starting engine and preprocessor ...")
+    say(f"starting engine and preprocessor on {model} ...")
     engine, pre = start_stack(model, echo=say)
     try:
         say(f"engine on {engine.address}, preprocessor on {pre.address}")
-        as_embeds, as_text = seed_conversation(model_dir)
-        print(f"The report's conversation (a generated, mostly {colors.DEMO_PAIR[0]} picture), the favourite-colour "
-              f"sentence sent as prompt embeddings:")
+        as_embeds, as_text = conversation(model_dir)
+        print(header)
         print(describe(as_embeds))
         with SpliceClient(pre.address, timeout=300) as client:
             answer, usage, finish = ask(client, as_embeds, max_tokens)
@@ -121,13 +164,13 @@ def run_demo(model: str, max_tokens: int = 24) -> int:
             print(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} "
                   f"completion_tokens={usage.completion_tokens}")
             print()
-            print("The same question with the sentence as plain text:")
+            print(text_header)
             print(describe(as_text))
             plain, _, _ = ask(client, as_text, max_tokens)
             print(f"assistant: {plain}")
         print()
         print(f"identical answers: {'yes' if answer == plain else 'no'}")
-        return 0
+        return answer, plain
     finally:
         pre.stop()
         engine.stop()

@@ -1,14 +1,15 @@
-"""Resolves a --model value: a tiny built-in name, a local HF folder, or an HF id in the local cache."""
+"""Resolves a --model value: a tiny built-in name, the built-in real model, a local HF folder, or an HF id."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+from app.real_model import REAL_MODELS, ensure_real
 from app.tiny import TINY_MODELS, ensure
 from splice.errors import FailedPrecondition
 
-REAL_WEIGHTS = "Use --model DIR-or-HF-id (a local HF folder, or an id in the local HF cache) for real weights."
+REAL_WEIGHTS = ("Use --model smollm2-135m-instruct (built in), a local HF folder or an HF id for real weights.")
 NOISE_NOTE = "note: {model} is a built-in tiny model with random weights: its answers are noise by construction. "
 TRAINED_NOTE = ("note: {model} is a built-in tiny model trained only on a synthetic task (app/tiny/colors.py): "
                 "it names a picture's colour and the favourite colour a user states, and nothing else. ")
@@ -25,6 +26,8 @@ def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = No
     """A local folder holding config.json (+ tokenizer, processor, safetensors) for `name_or_path`."""
     if name_or_path in TINY_MODELS:
         return str(ensure(name_or_path, progress=progress))
+    if name_or_path in REAL_MODELS:
+        return str(ensure_real(name_or_path, progress=progress))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():

@@ -9,17 +9,14 @@ sentinel lands inside it.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from app.cache import build_once, cache_root
 from app.tiny import templates
 from app.tiny.corpus import CORPUS
 from app.tiny.tokenizer import EOS, PAD, build_tokenizer
@@ -58,11 +55,6 @@ IDEFICS3_SPECIALS = (
     ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 )
-
-
-def cache_root() -> Path:
-    """Where tiny models live: $SPLICE_CACHE, else ~/.cache/splice."""
-    return Path(os.environ.get("SPLICE_CACHE", Path.home() / ".cache" / "splice")) / "models"
 
 
 def model_dir(name: str, seed: int = DEFAULT_SEED) -> Path:
@@ -609,26 +601,13 @@ def ensure(name: str, seed: int = DEFAULT_SEED, progress: Callable[[str], None] 
     if name not in TINY_MODELS:
         raise ValueError(f"unknown tiny model {name!r}; choose from {sorted(TINY_MODELS)}")
     out = model_dir(name, seed)
-    if (out / MARKER).exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same model
-        if (out / MARKER).exists():
-            return out
+
+    def announce() -> None:
         if progress:
             training = " and training it (about a minute on CPU)" if TINY_MODELS[name].trained else ""
             progress(f"building {name} (seed {seed}){training} in {out}")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            _build_seeded(TINY_MODELS[name], tmp, seed)
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.chmod(0o755)
-            tmp.rename(out)  # atomic: readers see a complete folder or none
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return build_once(out, MARKER, lambda tmp: _build_seeded(TINY_MODELS[name], tmp, seed), announce)
 
 
 def _build_seeded(spec: TinyModel, out: Path, seed: int) -> None:
