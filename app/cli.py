@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from app.real_model import REAL_MODELS
 from app.tiny import DEFAULT_MODEL, TINY_MODELS
+from splice.errors import SpliceError
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
@@ -54,7 +55,11 @@ def _up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(f"splice up: {exc}")
         return 2
-    resolve_model(args.model, progress=_say)  # build once here, with progress, before two processes load it
+    try:  # build or fetch once here, with progress, before two processes load it
+        resolve_model(args.model, progress=_say)
+    except SpliceError as exc:
+        _say(f"splice up: {exc}")
+        return 2
     if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
@@ -175,7 +180,13 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from app.demo import run_demo
+    from app.models import resolve_model
 
+    try:
+        resolve_model(args.model, progress=_say)
+    except SpliceError as exc:
+        _say(f"splice demo: {exc}")
+        return 2
     return run_demo(args.model, max_tokens=args.max_tokens, real_model=args.real_model or None)
 
 
