@@ -68,7 +68,14 @@ class EngineClient:
             call = self._stub.Generate(paced(encode_request(request, header=header)), metadata=self._metadata)
         try:
             async for pb in call:
-                yield EngineOutput.from_pb(pb)
+                out = EngineOutput.from_pb(pb)
+                if out.finished:
+                    # The call is read to its end (the engine's handler returns right after its last message)
+                    # before the last output goes on: a consumer that stops there would otherwise cancel a call
+                    # that succeeded, and the engine would count it CANCELLED, without its load report trailer.
+                    async for _ in call:
+                        pass
+                yield out
         except grpc.aio.AioRpcError as exc:
             raise map_rpc_error(exc, self.target) from None
         finally:

@@ -48,16 +48,14 @@ async def test_a_long_prompt_aborted_mid_prefill_frees_its_slot(engine):
     engine.scheduler.mixed_prefill_tokens = 4
     try:
         keep = asyncio.ensure_future(collect(engine, text_request(random_ids(5, seed=1), "keep", max_tokens=300)))
-        for _ in range(500):
-            if engine.runner.seq_ids:
-                break
+        while not engine.runner.seq_ids:  # states, not time windows: a loaded machine only makes them later
             await asyncio.sleep(0.005)
-        gen = engine.generate(text_request(random_ids(60, seed=2), "gone", max_tokens=5))
+        # 400 positions in parts of 4: a hundred steps in which the prompt is observably mid-prefill
+        gen = engine.generate(text_request(random_ids(400, seed=2), "gone", max_tokens=5))
         task = asyncio.ensure_future(gen.__anext__())
-        for _ in range(500):
-            if engine.scheduler.prefilling is not None:
-                break
-            await asyncio.sleep(0.002)
+        while getattr(engine.scheduler.prefilling, "request_id", None) != "gone":
+            assert not task.done(), "the prompt was prefilled before it was seen mid-prefill"
+            await asyncio.sleep(0.001)
         assert engine.abort("gone") == 1
         with pytest.raises(Exception, match="aborted"):
             await task
