@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from PIL import Image as PILImage
+from transformers.image_transforms import convert_to_rgb
 
 from preprocessor.content import Image
 from preprocessor.limits import Limits
@@ -90,7 +91,7 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
                 raise InvalidArgument(f"{part.where}: image is {width}x{height} = {width * height} pixels; at most "
                                       f"{limits.max_image_pixels}")
             img.load()
-            return img.convert("RGB")
+            return on_white(img)
     except InvalidArgument:
         raise
     except PILImage.DecompressionBombError as exc:
@@ -101,3 +102,13 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
         # PIL's messages name its in-memory file object ("<_io.BytesIO object at 0x...>"): not the caller's
         detail = re.sub(r"<_io\.\w+ object at 0x[0-9a-f]+>", "the image data", str(exc))[:200]
         raise InvalidArgument(f"{part.where}: image cannot be decoded ({type(exc).__name__}: {detail})") from None
+
+
+def on_white(img: PILImage.Image) -> PILImage.Image:
+    """RGB with any transparency painted onto white, as HF's processors (`do_convert_rgb`) and vLLM do.
+
+    A plain convert("RGB") keeps whatever colour sits under transparent pixels (black, mostly), so a
+    transparent picture would mean something else here than under HF or vLLM.
+    """
+    # Even an RGB picture may carry a transparent colour (a PNG tRNS chunk); HF paints that white too.
+    return PILImage.fromarray(convert_to_rgb(img, return_numpy=True))
