@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from importlib.metadata import version as _dist_version
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
@@ -35,6 +36,7 @@ from splice.errors import NotFound
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
 CLIENT_CLOSED = 499
+SPLICE_VERSION = _dist_version("splice")
 
 
 def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
@@ -120,6 +122,10 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         if link.serving:
             return Response(status_code=200)
         return error_response(503, f"not serving: the engine at {link.target} is not reachable", "UNAVAILABLE")
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": SPLICE_VERSION}  # open, as vLLM's /version and /health
 
     @app.get("/metrics")
     async def metrics() -> Response:
