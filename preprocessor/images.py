@@ -54,25 +54,28 @@ def _from_path(path: str, part: Image, limits: Limits) -> bytes:
     if limits.allowed_media_dir is None:
         raise FailedPrecondition(f"{part.where}: local image paths are disabled; start the preprocessor with "
                                  f"--allowed-media-dir to allow them")
+    if "\x00" in path:  # (the OS cannot name such a file: os calls raise ValueError, not OSError)
+        raise InvalidArgument(f"{part.where}: image path {path[:80]!r} contains a NUL character")
     root = Path(os.path.realpath(limits.allowed_media_dir))
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = root / candidate
-    # realpath resolves every symlink and '..', so a link or traversal out of the root is caught here.
-    real = Path(os.path.realpath(candidate))
-    if real != root and root not in real.parents:
-        raise InvalidArgument(f"{part.where}: image path {path!r} is outside the allowed media directory")
-    if not real.is_file():
-        what = "does not exist" if not real.exists() else "is not a regular file"
-        raise InvalidArgument(f"{part.where}: image path {path!r} {what}")
     try:
+        # realpath resolves every symlink and '..', so a link or traversal out of the root is caught here.
+        real = Path(os.path.realpath(candidate))
+        if real != root and root not in real.parents:
+            raise InvalidArgument(f"{part.where}: image path {path[:200]!r} is outside the allowed media directory")
+        if not real.is_file():
+            what = "does not exist" if not real.exists() else "is not a regular file"
+            raise InvalidArgument(f"{part.where}: image path {path[:200]!r} {what}")
         # O_NOFOLLOW: a symlink swapped in after the check is not followed.
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise InvalidArgument(f"{part.where}: image path {path!r} cannot be opened ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        _check_size(os.fstat(f.fileno()).st_size, part, limits)
-        return f.read(limits.max_image_bytes + 1)
+        with os.fdopen(fd, "rb") as f:
+            _check_size(os.fstat(f.fileno()).st_size, part, limits)
+            return f.read(limits.max_image_bytes + 1)
+    except OSError as exc:  # a name too long, a loop of links, a file swapped for a link, unreadable
+        raise InvalidArgument(f"{part.where}: image path {path[:200]!r} cannot be opened "
+                              f"({exc.strerror or type(exc).__name__})") from None
 
 
 def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:

@@ -155,3 +155,9 @@ def test_empty_content_names_its_message():
     with pytest.raises(SpliceError) as exc:
         Message("user", (), False, 3)
     assert exc.value.code == "INVALID_ARGUMENT" and "messages[3]" in exc.value.message
+
+
+def test_nul_and_overlong_paths_refused(tmp_path):
+    limits = Limits(allowed_media_dir=tmp_path)
+    assert "NUL" in _reject(Image("path", "a.png\x00.txt", WHERE), limits)
+    assert "cannot be opened" in _reject(Image("path", "a" * 300 + ".png", WHERE), limits)
