@@ -19,6 +19,12 @@ from preprocessor.content import Image
 from preprocessor.limits import Limits
 from splice.errors import FailedPrecondition, InvalidArgument
 
+# Only these decoders ever see a caller's bytes (Pillow's names; a JPEG with extra frames, MPO, opens as JPEG). Pillow
+# would otherwise try each of its ~40 plugins, EPS (Ghostscript), PSD, TIFF and ICNS among them: code no model
+# needs, each a parser of hostile input.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+ACCEPTED = "PNG, JPEG, WebP, GIF or BMP"
+
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[A-Za-z0-9=.+-]+)*;base64,", re.IGNORECASE)
 
 
@@ -87,7 +93,7 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
             # Splice's cap is checked right below; PIL's own (89M pixels) only warns there, but refuses twice
             # that in open(), handled below with Splice's cap in the message.
             warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
-            img = PILImage.open(io.BytesIO(blob))  # reads the header only
+            img = PILImage.open(io.BytesIO(blob), formats=IMAGE_FORMATS)  # reads the header only
             width, height = img.size
             if width * height > limits.max_image_pixels:
                 raise InvalidArgument(f"{part.where}: image is {width}x{height} = {width * height} pixels; at most "
@@ -96,6 +102,9 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
             return img.convert("RGB")
     except InvalidArgument:
         raise
+    except PILImage.UnidentifiedImageError:  # none of IMAGE_FORMATS recognised the header
+        raise InvalidArgument(f"{part.where}: image cannot be decoded: it is not a {ACCEPTED} file (the formats "
+                              f"accepted)") from None
     except PILImage.DecompressionBombError as exc:
         pixels = re.search(r"\((\d+) pixels\)", str(exc))
         size = f"{pixels.group(1)} pixels" if pixels else "larger than PIL's decompression-bomb limit"

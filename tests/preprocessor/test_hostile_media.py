@@ -104,3 +104,11 @@ async def test_a_nul_in_an_image_path_is_refused(faces):
     long_name = "a" * 300 + ".png"  # longer than a file name may be: the OS refuses it (not a missing file)
     refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(path=long_name))), "cannot be opened")
     refused_http(await http_chat(faces, image_url(f"file://{faces.media}/{long_name}")), "cannot be opened")
+
+
+async def test_only_the_accepted_image_formats_are_decoded(faces):
+    from tests.preprocessor.test_image_inputs import EPS
+
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(data=EPS))), "not a PNG, JPEG")
+    data = base64.b64encode(EPS).decode()
+    refused_http(await http_chat(faces, image_url(f"data:image/png;base64,{data}")), "not a PNG, JPEG")
