@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
+import warnings
 
 import grpc
 import httpx
 import pytest
 import pytest_asyncio
+import torch
 from grpc_health.v1 import health_pb2
 
 from app.models import resolve_model
@@ -70,18 +73,35 @@ async def http_chat(faces: Faces, part: dict) -> httpx.Response:
         "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}]})
 
 
-def refused_grpc(err: grpc.aio.AioRpcError | None, *needles: str) -> None:
+async def grpc_complete(faces: Faces, embeds: pb.PromptEmbeds) -> grpc.aio.AioRpcError | None:
+    """Complete with `embeds` as prompt[0]; the error, or None."""
+    request = pb.CompleteRequest(prompt=[pb.PromptPart(prompt_embeds=embeds)],
+                                 sampling=common_pb2.SamplingParams(max_tokens=2))
+    try:
+        _ = [r async for r in faces.stub.Complete(request)]
+    except grpc.aio.AioRpcError as err:
+        return err
+    return None
+
+
+async def http_complete(faces: Faces, prompt_embeds: str) -> httpx.Response:
+    """vLLM's form: /v1/completions with prompt_embeds (prompt[0])."""
+    return await faces.http.post("/v1/completions", json={"max_tokens": 2, "prompt": "",
+                                                          "prompt_embeds": prompt_embeds})
+
+
+def refused_grpc(err: grpc.aio.AioRpcError | None, *needles: str, where: str = "messages[0].content[1]") -> None:
     assert err is not None, "accepted"
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
-    assert "messages[0].content[1]" in err.details(), err.details()
+    assert where in err.details(), err.details()
     for needle in needles:
         assert needle in err.details(), err.details()
 
 
-def refused_http(resp: httpx.Response, *needles: str) -> None:
+def refused_http(resp: httpx.Response, *needles: str, where: str = "messages[0].content[1]") -> None:
     assert resp.status_code == 400, (resp.status_code, resp.text)
     message = resp.json()["error"]["message"]
-    assert "messages[0].content[1]" in message, message
+    assert where in message, message
     for needle in needles:
         assert needle in message, message
 
@@ -112,3 +132,37 @@ async def test_only_the_accepted_image_formats_are_decoded(faces):
     refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(data=EPS))), "not a PNG, JPEG")
     data = base64.b64encode(EPS).decode()
     refused_http(await http_chat(faces, image_url(f"data:image/png;base64,{data}")), "not a PNG, JPEG")
+
+
+def torch_b64(obj) -> str:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+async def refused_as_embeds(faces: Faces, b64: str, *needles: str) -> None:
+    """`b64` (vLLM's torch.save encoding) refused on every face that takes it: gRPC Chat and Complete, HTTP chat
+    parts and /v1/completions."""
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(prompt_embeds=pb.PromptEmbeds(torch_base64=b64))), *needles)
+    refused_grpc(await grpc_complete(faces, pb.PromptEmbeds(torch_base64=b64)), *needles, where="prompt[0]")
+    refused_http(await http_chat(faces, {"type": "prompt_embeds", "data": b64}), *needles)
+    refused_http(await http_complete(faces, b64), *needles, where="prompt[0]")
+
+
+async def test_good_embeds_are_served_on_both_faces(faces, tiny):
+    b64 = torch_b64(torch.randn(4, tiny[MODEL][1].hidden_size))
+    assert await grpc_chat(faces, pb.ContentPart(prompt_embeds=pb.PromptEmbeds(torch_base64=b64))) is None
+    assert await grpc_complete(faces, pb.PromptEmbeds(torch_base64=b64)) is None
+    assert (await http_chat(faces, {"type": "prompt_embeds", "data": b64})).status_code == 200
+    assert (await http_complete(faces, b64)).status_code == 200
+
+
+async def test_meta_and_nested_tensors_are_refused(faces, tiny):
+    hidden = tiny[MODEL][1].hidden_size
+    await refused_as_embeds(faces, torch_b64(torch.empty(4, hidden, device="meta")), "device 'meta'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
+        strided = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)])
+        jagged = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)], layout=torch.jagged)
+    await refused_as_embeds(faces, torch_b64(strided), "nested tensor")
+    await refused_as_embeds(faces, torch_b64(jagged), "nested tensor")
