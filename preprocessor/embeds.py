@@ -78,16 +78,14 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     except (binascii.Error, ValueError) as exc:
         raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not valid base64: {exc}") from None
     try:
-        # weights_only: the unpickler only builds tensors and plain containers, never arbitrary objects.
-        obj = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        # weights_only: the unpickler only builds tensors and plain containers, never arbitrary objects; a sparse
+        # tensor's indices are checked as it is built (refused below anyway, but never left unchecked in memory).
+        with torch.sparse.check_sparse_tensor_invariants():
+            obj = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     except Exception as exc:
         raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not a torch.save'd tensor loadable "
                               f"with weights_only=True ({type(exc).__name__}: {str(exc)[:200]})") from None
-    if not isinstance(obj, torch.Tensor):
-        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 holds a {type(obj).__name__}, not a "
-                              f"tensor")
-    if obj.layout != torch.strided:
-        raise InvalidArgument(f"{part.where}: prompt_embeds must be a dense tensor, got layout {obj.layout}")
+    _check_loaded(obj, part)
     # The loaded storage is bounded by the payload, but a stride-0 view (expand) can describe far more
     # elements than it holds: densifying it would turn a few KB into GBs. Only dense tensors are taken.
     _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
@@ -95,6 +93,23 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
         raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is a view of a smaller storage (e.g. "
                               f"expand() of shape {list(obj.shape)}); send a dense tensor (.contiguous())")
     return obj
+
+
+def _check_loaded(obj: object, part: Embeds) -> None:
+    """What weights_only=True may still build but is not rows of numbers in memory: refused before its shape or
+    data is touched (a nested tensor has no shape; a meta tensor, loaded as meta whatever map_location says,
+    has no data)."""
+    what = f"{part.where}: prompt_embeds torch_base64"
+    if not isinstance(obj, torch.Tensor):
+        raise InvalidArgument(f"{what} holds a {type(obj).__name__}, not a tensor")
+    if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.is_nested:
+        kind = "nested tensor" if obj.is_nested else type(obj).__name__
+        raise InvalidArgument(f"{what} holds a {kind}; send one dense tensor [n, hidden]")
+    if obj.layout != torch.strided:
+        raise InvalidArgument(f"{part.where}: prompt_embeds must be a dense tensor, got layout {obj.layout}")
+    if obj.device.type != "cpu":
+        raise InvalidArgument(f"{what} holds a tensor on device {obj.device.type!r} (no data); send a tensor "
+                              f"with its data")
 
 
 def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:

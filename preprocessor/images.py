@@ -20,6 +20,12 @@ from preprocessor.content import Image
 from preprocessor.limits import Limits
 from splice.errors import FailedPrecondition, InvalidArgument
 
+# Only these decoders ever see a caller's bytes (Pillow's names; a JPEG with extra frames, MPO, opens as JPEG). Pillow
+# would otherwise try each of its ~40 plugins, EPS (Ghostscript), PSD, TIFF and ICNS among them: code no model
+# needs, each a parser of hostile input.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+ACCEPTED = "PNG, JPEG, WebP, GIF or BMP"
+
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[A-Za-z0-9=.+-]+)*;base64,", re.IGNORECASE)
 
 
@@ -55,25 +61,28 @@ def _from_path(path: str, part: Image, limits: Limits) -> bytes:
     if limits.allowed_media_dir is None:
         raise FailedPrecondition(f"{part.where}: local image paths are disabled; start the preprocessor with "
                                  f"--allowed-media-dir to allow them")
+    if "\x00" in path:  # (the OS cannot name such a file: os calls raise ValueError, not OSError)
+        raise InvalidArgument(f"{part.where}: image path {path[:80]!r} contains a NUL character")
     root = Path(os.path.realpath(limits.allowed_media_dir))
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = root / candidate
-    # realpath resolves every symlink and '..', so a link or traversal out of the root is caught here.
-    real = Path(os.path.realpath(candidate))
-    if real != root and root not in real.parents:
-        raise InvalidArgument(f"{part.where}: image path {path!r} is outside the allowed media directory")
-    if not real.is_file():
-        what = "does not exist" if not real.exists() else "is not a regular file"
-        raise InvalidArgument(f"{part.where}: image path {path!r} {what}")
     try:
+        # realpath resolves every symlink and '..', so a link or traversal out of the root is caught here.
+        real = Path(os.path.realpath(candidate))
+        if real != root and root not in real.parents:
+            raise InvalidArgument(f"{part.where}: image path {path[:200]!r} is outside the allowed media directory")
+        if not real.is_file():
+            what = "does not exist" if not real.exists() else "is not a regular file"
+            raise InvalidArgument(f"{part.where}: image path {path[:200]!r} {what}")
         # O_NOFOLLOW: a symlink swapped in after the check is not followed.
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise InvalidArgument(f"{part.where}: image path {path!r} cannot be opened ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        _check_size(os.fstat(f.fileno()).st_size, part, limits)
-        return f.read(limits.max_image_bytes + 1)
+        with os.fdopen(fd, "rb") as f:
+            _check_size(os.fstat(f.fileno()).st_size, part, limits)
+            return f.read(limits.max_image_bytes + 1)
+    except OSError as exc:  # a name too long, a loop of links, a file swapped for a link, unreadable
+        raise InvalidArgument(f"{part.where}: image path {path[:200]!r} cannot be opened "
+                              f"({exc.strerror or type(exc).__name__})") from None
 
 
 def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
@@ -85,7 +94,7 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
             # Splice's cap is checked right below; PIL's own (89M pixels) only warns there, but refuses twice
             # that in open(), handled below with Splice's cap in the message.
             warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
-            img = PILImage.open(io.BytesIO(blob))  # reads the header only
+            img = PILImage.open(io.BytesIO(blob), formats=IMAGE_FORMATS)  # reads the header only
             width, height = img.size
             if width * height > limits.max_image_pixels:
                 raise InvalidArgument(f"{part.where}: image is {width}x{height} = {width * height} pixels; at most "
@@ -94,6 +103,9 @@ def decode_image(blob: bytes, part: Image, limits: Limits) -> PILImage.Image:
             return on_white(img)
     except InvalidArgument:
         raise
+    except PILImage.UnidentifiedImageError:  # none of IMAGE_FORMATS recognised the header
+        raise InvalidArgument(f"{part.where}: image cannot be decoded: it is not a {ACCEPTED} file (the formats "
+                              f"accepted)") from None
     except PILImage.DecompressionBombError as exc:
         pixels = re.search(r"\((\d+) pixels\)", str(exc))
         size = f"{pixels.group(1)} pixels" if pixels else "larger than PIL's decompression-bomb limit"

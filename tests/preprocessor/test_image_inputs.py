@@ -155,3 +155,29 @@ def test_empty_content_names_its_message():
     with pytest.raises(SpliceError) as exc:
         Message("user", (), False, 3)
     assert exc.value.code == "INVALID_ARGUMENT" and "messages[3]" in exc.value.message
+
+
+def test_nul_and_overlong_paths_refused(tmp_path):
+    limits = Limits(allowed_media_dir=tmp_path)
+    assert "NUL" in _reject(Image("path", "a.png\x00.txt", WHERE), limits)
+    assert "cannot be opened" in _reject(Image("path", "a" * 300 + ".png", WHERE), limits)
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\nshowpage\n%%EOF\n"
+
+
+def test_only_the_accepted_formats_are_parsed(monkeypatch):
+    from PIL import EpsImagePlugin
+
+    opened = []
+    real_open = EpsImagePlugin.EpsImageFile._open
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", lambda self: (opened.append(1), real_open(self)))
+    assert "not a PNG, JPEG, WebP, GIF or BMP file" in _reject(Image("data", EPS, WHERE), Limits())
+    assert not opened  # Pillow's EPS parser never saw the bytes
+    buf = io.BytesIO()
+    PILImage.new("RGB", (4, 4)).save(buf, format="TIFF")
+    assert "not a PNG, JPEG, WebP, GIF or BMP file" in _reject(Image("data", buf.getvalue(), WHERE), Limits())
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
+        buf = io.BytesIO()
+        PILImage.new("RGB", (6, 4), (200, 10, 10)).save(buf, format=fmt)
+        assert load_image(Image("data", buf.getvalue(), WHERE), Limits()).size == (6, 4), fmt

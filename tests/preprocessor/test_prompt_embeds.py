@@ -174,3 +174,22 @@ def test_raw_tensor_byte_count_mismatch_rejected(info):
 
     part = Embeds("tensor", RawTensor("float32", (2, info.hidden_size), b"\0" * 12), WHERE)
     assert "expected" in _reject(part, info).message
+
+
+def test_torch_base64_meta_and_nested_rejected(info):
+    import warnings
+
+    hidden = info.hidden_size
+    assert "device 'meta'" in _reject(Embeds("torch_base64", _b64(torch.empty(2, hidden, device="meta")), WHERE),
+                                      info).message
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
+        for layout in (torch.strided, torch.jagged):
+            nested = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)], layout=layout)
+            assert "nested tensor" in _reject(Embeds("torch_base64", _b64(nested), WHERE), info).message
+
+
+def test_torch_base64_parameter_accepted(info):
+    x = rows(3, info.hidden_size)
+    got = decode_embeds(Embeds("torch_base64", _b64(torch.nn.Parameter(x)), WHERE), info, Limits())
+    assert torch.equal(got, x)

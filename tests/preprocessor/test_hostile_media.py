@@ -1,0 +1,168 @@
+"""Hostile images and tensors through both faces (real gRPC and HTTP, stand-in engine): each is refused with
+INVALID_ARGUMENT / 400 naming its part, never INTERNAL / 500, and the service keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import warnings
+
+import grpc
+import httpx
+import pytest
+import pytest_asyncio
+import torch
+from grpc_health.v1 import health_pb2
+
+from app.models import resolve_model
+from preprocessor.http.options import HttpOptions
+from preprocessor.limits import Limits
+from preprocessor.server import PreprocessorServer
+from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
+from tests.preprocessor.pp_factories import png_bytes
+from tests.preprocessor.standin_engine import StandinEngine, start_standin
+from tests.preprocessor.test_engine_link import _wait_health
+
+pb = preprocessor_pb2
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+MODEL = "tiny-idefics3"
+
+
+@dataclasses.dataclass
+class Faces:
+    stub: preprocessor_pb2_grpc.PreprocessorStub
+    http: httpx.AsyncClient
+    media: object  # the allowed media dir (a Path)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def faces(tiny_dirs, tiny, tmp_path_factory):
+    _, info = tiny[MODEL]
+    media = tmp_path_factory.mktemp("media")
+    (media / "pic.png").write_bytes(png_bytes(20, 10))
+    engine_server, engine_port = await start_standin(StandinEngine(info, [5, 6]))
+    pre = PreprocessorServer(engine=f"127.0.0.1:{engine_port}", model=str(tiny_dirs[MODEL]), poll_interval=0.1,
+                             resolve=resolve_model, http=HttpOptions(port=0), limits=Limits(allowed_media_dir=media))
+    port = await pre.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", timeout=60)
+    try:
+        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        yield Faces(preprocessor_pb2_grpc.PreprocessorStub(channel), http, media)
+    finally:
+        await http.aclose()
+        await channel.close()
+        await pre.stop(0)
+        await engine_server.stop(0)
+
+
+async def grpc_chat(faces: Faces, part: pb.ContentPart) -> grpc.aio.AioRpcError | None:
+    """Chat with `part` as the user message's second part (messages[0].content[1]); the error, or None."""
+    request = pb.ChatRequest(messages=[pb.ChatMessage(role="user", content=[pb.ContentPart(text="look"), part])],
+                             sampling=common_pb2.SamplingParams(max_tokens=2))
+    try:
+        _ = [r async for r in faces.stub.Chat(request)]
+    except grpc.aio.AioRpcError as err:
+        return err
+    return None
+
+
+async def http_chat(faces: Faces, part: dict) -> httpx.Response:
+    return await faces.http.post("/v1/chat/completions", json={
+        "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}]})
+
+
+async def grpc_complete(faces: Faces, embeds: pb.PromptEmbeds) -> grpc.aio.AioRpcError | None:
+    """Complete with `embeds` as prompt[0]; the error, or None."""
+    request = pb.CompleteRequest(prompt=[pb.PromptPart(prompt_embeds=embeds)],
+                                 sampling=common_pb2.SamplingParams(max_tokens=2))
+    try:
+        _ = [r async for r in faces.stub.Complete(request)]
+    except grpc.aio.AioRpcError as err:
+        return err
+    return None
+
+
+async def http_complete(faces: Faces, prompt_embeds: str) -> httpx.Response:
+    """vLLM's form: /v1/completions with prompt_embeds (prompt[0])."""
+    return await faces.http.post("/v1/completions", json={"max_tokens": 2, "prompt": "",
+                                                          "prompt_embeds": prompt_embeds})
+
+
+def refused_grpc(err: grpc.aio.AioRpcError | None, *needles: str, where: str = "messages[0].content[1]") -> None:
+    assert err is not None, "accepted"
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
+    assert where in err.details(), err.details()
+    for needle in needles:
+        assert needle in err.details(), err.details()
+
+
+def refused_http(resp: httpx.Response, *needles: str, where: str = "messages[0].content[1]") -> None:
+    assert resp.status_code == 400, (resp.status_code, resp.text)
+    message = resp.json()["error"]["message"]
+    assert where in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+def image_url(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+async def test_a_good_image_is_served_on_both_faces(faces):
+    assert await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(path="pic.png"))) is None
+    resp = await http_chat(faces, image_url(f"file://{faces.media}/pic.png"))
+    assert resp.status_code == 200, resp.text
+    data = base64.b64encode(png_bytes(20, 10)).decode()
+    assert (await http_chat(faces, image_url(f"data:image/png;base64,{data}"))).status_code == 200
+
+
+async def test_a_nul_in_an_image_path_is_refused(faces):
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(path="pic.png\x00.txt"))), "NUL")
+    refused_http(await http_chat(faces, image_url(f"file://{faces.media}/pic.png%00.txt")), "NUL")
+    long_name = "a" * 300 + ".png"  # longer than a file name may be: the OS refuses it (not a missing file)
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(path=long_name))), "cannot be opened")
+    refused_http(await http_chat(faces, image_url(f"file://{faces.media}/{long_name}")), "cannot be opened")
+
+
+async def test_only_the_accepted_image_formats_are_decoded(faces):
+    from tests.preprocessor.test_image_inputs import EPS
+
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(data=EPS))), "not a PNG, JPEG")
+    data = base64.b64encode(EPS).decode()
+    refused_http(await http_chat(faces, image_url(f"data:image/png;base64,{data}")), "not a PNG, JPEG")
+
+
+def torch_b64(obj) -> str:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+async def refused_as_embeds(faces: Faces, b64: str, *needles: str) -> None:
+    """`b64` (vLLM's torch.save encoding) refused on every face that takes it: gRPC Chat and Complete, HTTP chat
+    parts and /v1/completions."""
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(prompt_embeds=pb.PromptEmbeds(torch_base64=b64))), *needles)
+    refused_grpc(await grpc_complete(faces, pb.PromptEmbeds(torch_base64=b64)), *needles, where="prompt[0]")
+    refused_http(await http_chat(faces, {"type": "prompt_embeds", "data": b64}), *needles)
+    refused_http(await http_complete(faces, b64), *needles, where="prompt[0]")
+
+
+async def test_good_embeds_are_served_on_both_faces(faces, tiny):
+    b64 = torch_b64(torch.randn(4, tiny[MODEL][1].hidden_size))
+    assert await grpc_chat(faces, pb.ContentPart(prompt_embeds=pb.PromptEmbeds(torch_base64=b64))) is None
+    assert await grpc_complete(faces, pb.PromptEmbeds(torch_base64=b64)) is None
+    assert (await http_chat(faces, {"type": "prompt_embeds", "data": b64})).status_code == 200
+    assert (await http_complete(faces, b64)).status_code == 200
+
+
+async def test_meta_and_nested_tensors_are_refused(faces, tiny):
+    hidden = tiny[MODEL][1].hidden_size
+    await refused_as_embeds(faces, torch_b64(torch.empty(4, hidden, device="meta")), "device 'meta'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
+        strided = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)])
+        jagged = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)], layout=torch.jagged)
+    await refused_as_embeds(faces, torch_b64(strided), "nested tensor")
+    await refused_as_embeds(faces, torch_b64(jagged), "nested tensor")
