@@ -8,7 +8,8 @@ Served as the real Hub serves them (huggingface_hub 2.x reads these):
   (sha256, size) for LFS files (here: *.safetensors).
 - HEAD/GET /{repo}/resolve/{rev}/{file}: a regular file itself, with X-Repo-Commit, ETag (its git blob sha1) and
   Content-Length; an LFS file as a 302 to a second origin (the CDN) with X-Linked-Etag (its sha256) and
-  X-Linked-Size, so huggingface_hub neither follows the redirect on HEAD nor forwards the token there.
+  X-Linked-Size, so huggingface_hub neither follows the redirect on HEAD nor forwards the token there; a gated
+  repo's file without the token that may see it: X-Error-Code GatedRepo (HTTP 401 anonymous, 403 with a token).
 - GET  {cdn}/blobs/{sha256}: LFS content, with Range (huggingface_hub resumes a dropped download with one).
 """
 
@@ -48,6 +49,7 @@ class HubFile:
 class HubRepo:
     files: dict[str, HubFile]
     token: str | None = None  # private: only a caller presenting this token sees it
+    gated: str | None = None  # gated: anyone sees the repo, only a caller presenting this token its files
 
     @property
     def commit(self) -> str:
@@ -65,12 +67,12 @@ class HubStandin:
     log: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request, in order
     cuts: dict[str, list[int]] = field(default_factory=dict)  # sha256 -> bytes each next GET sends before the cut
 
-    def add(self, repo_id: str, folder: Path, token: str | None = None, subfolder: dict[str, bytes] | None = None
-            ) -> HubRepo:
-        """Serves `folder`'s files (and `subfolder` files, by their repo paths) as `repo_id`."""
+    def add(self, repo_id: str, folder: Path, token: str | None = None, gated: str | None = None,
+            extra: dict[str, bytes] | None = None) -> HubRepo:
+        """Serves `folder`'s files (and `extra` files, by their repo paths) as `repo_id`."""
         files = {p.name: HubFile(p.name, p.read_bytes()) for p in sorted(folder.iterdir()) if p.is_file()}
-        files.update({name: HubFile(name, data) for name, data in (subfolder or {}).items()})
-        self.repos[repo_id] = HubRepo(files, token)
+        files.update({name: HubFile(name, data) for name, data in (extra or {}).items()})
+        self.repos[repo_id] = HubRepo(files, token, gated)
         return self.repos[repo_id]
 
     def cut(self, repo_id: str, path: str, sends: list[int]) -> None:
@@ -152,6 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
             repo = self._repo(match["repo"])
             if repo is None:
                 return None
+            if repo.gated is not None and self._token() != repo.gated:  # 401 to an anonymous caller, else 403
+                return self._status(403 if self._token() else 401, {"X-Error-Code": "GatedRepo"})
             f = repo.files.get(match["file"])
             if f is None:
                 return self._status(404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": repo.commit})
@@ -164,13 +168,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _repo(self, repo_id: str) -> HubRepo | None:
         repo = self.standin.repos.get(repo_id)
-        token = (self.headers.get("authorization") or "").removeprefix("Bearer ")
+        token = self._token()
         if repo is None or (repo.token is not None and token != repo.token):
             # what the Hub answers for a missing or private repo: 401 to an anonymous caller, 404 to a token
             self._status(404 if token else 401, {"X-Error-Code": "RepoNotFound",
                                                  "X-Error-Message": "Repository not found"})
             return None
         return repo
+
+    def _token(self) -> str:
+        return (self.headers.get("authorization") or "").removeprefix("Bearer ")
 
     def _json(self, payload: object) -> None:
         data = json.dumps(payload).encode()

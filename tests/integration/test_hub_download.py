@@ -35,10 +35,12 @@ def folder() -> Path:
 
 @pytest.fixture
 def hub(folder):
-    """org/tiny-text (plus a subfolder of another format, which is never fetched) and org/private (token 'secret')."""
+    """org/tiny-text (plus a subfolder of another format, never fetched), org/private (seen with the token
+    'secret' only) and org/gated (its files fetched with the token 'accepted' only)."""
     standin = HubStandin().start()
-    standin.add(REPO, folder, subfolder={"original/consolidated.pth": b"\0" * 4096})
+    standin.add(REPO, folder, extra={"original/consolidated.pth": b"\0" * 4096})
     standin.add("org/private", folder, token="secret")
+    standin.add("org/gated", folder, gated="accepted")
     yield standin
     standin.stop()
 
@@ -142,20 +144,59 @@ def test_a_model_not_on_the_hub_is_one_line_and_exit_2(hub, tmp_path, command):
     assert _last_line(done) == f"splice {command}: model 'org/missing' " + NOT_FOUND.format(code=401)
 
 
-def test_a_private_model_is_fetched_with_hf_token_only(hub, tmp_path):
+def _resolve(hub: HubStandin, home: Path, model: str, weights: bool, **env: str) -> subprocess.CompletedProcess:
+    """resolve_model in a process of its own: stdout the folder, or exit 1 with the SpliceError's one line."""
     code = ("import sys; from app.models import resolve_model; from splice.errors import SpliceError\n"
-            "try: print(resolve_model('org/private', weights=False))\n"
+            f"try: print(resolve_model({model!r}, weights={weights}))\n"
             "except SpliceError as exc: sys.exit(exc.message)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **_env(hub, home, **env)})
 
-    def resolve(token: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, **_env(hub, tmp_path, HF_TOKEN=token)})
 
-    anonymous, wrong, right = resolve(""), resolve("other"), resolve("secret")
-    assert anonymous.returncode != 0 and _last_line(anonymous).endswith(NOT_FOUND.format(code=401))
-    assert wrong.returncode != 0 and _last_line(wrong).endswith(NOT_FOUND.format(code=404))
+def test_private_and_gated_models_are_fetched_with_hf_token_only(hub, tmp_path):
+    anonymous, wrong, right = (_resolve(hub, tmp_path, "org/private", False, HF_TOKEN=token)
+                               for token in ("", "other", "secret"))
+    assert anonymous.returncode == 1 and _last_line(anonymous).endswith(NOT_FOUND.format(code=401))
+    assert wrong.returncode == 1 and _last_line(wrong).endswith(NOT_FOUND.format(code=404))
     assert right.returncode == 0, right.stderr
     assert (Path(right.stdout.strip()) / "tokenizer.json").is_file()
+
+    anonymous, wrong, right = (_resolve(hub, tmp_path, "org/gated", False, HF_TOKEN=token)
+                               for token in ("", "other", "accepted"))
+    for refused, code in ((anonymous, 401), (wrong, 403)):
+        assert refused.returncode == 1
+        assert _last_line(refused) == (f"model 'org/gated' is gated on the Hub (HTTP {code}): accept its terms on "
+                                       f"{hub.endpoint}/org/gated, then set HF_TOKEN to a token of that account")
+    assert right.returncode == 0, right.stderr
+
+
+def test_sharded_weights_are_the_shards_the_index_lists(hub, folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / WEIGHTS))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for p in folder.iterdir():
+        if p.name != WEIGHTS:
+            (sharded / p.name).write_bytes(p.read_bytes())
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(sharded / shard))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    # a consolidated copy beside the shards (as some repos ship one): not what the index names, never fetched
+    hub.add("org/sharded", sharded, extra={"consolidated.safetensors": (folder / WEIGHTS).read_bytes()})
+
+    done = _resolve(hub, tmp_path / "home", "org/sharded", True)
+    assert done.returncode == 0, done.stderr
+    got = Path(done.stdout.strip())
+    assert sorted(p.name for p in got.glob("*.safetensors")) == sorted(shards)
+    for shard in shards:
+        assert _sha256(got / shard) == _sha256(sharded / shard)
+    consolidated = hub.repos["org/sharded"].files["consolidated.safetensors"].sha256
+    assert not [path for path in hub.requests("GET") + hub.requests("HEAD") if "consolidated" in path
+                or consolidated in path]
 
 
 def test_offline_with_nothing_cached_is_one_line_and_asks_nothing_of_the_hub(hub, tmp_path):
@@ -171,9 +212,7 @@ def test_offline_with_nothing_cached_is_one_line_and_asks_nothing_of_the_hub(hub
 def test_a_connection_dropped_mid_file_is_resumed(hub, folder, tmp_path):
     size = (folder / WEIGHTS).stat().st_size
     hub.cut(REPO, WEIGHTS, [size // 2])
-    code = f"from app.models import resolve_model; print(resolve_model({REPO!r}))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **_env(hub, tmp_path)})
+    done = _resolve(hub, tmp_path, REPO, True)
     assert done.returncode == 0, done.stderr
     assert _sha256(Path(done.stdout.strip()) / WEIGHTS) == _sha256(folder / WEIGHTS)
     assert len(hub.requests("GET", "cdn:/blobs/")) == 2, "one cut short, one retried"
