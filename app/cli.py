@@ -1,7 +1,7 @@
 """`splice` command line: engine, preprocessor, up, chat, demo, build-tiny.
 
-The layer above the services: it resolves --model (tiny names, folders, the HF cache) for them, so no
-service imports the tiny-model builder.
+The layer above the services: it resolves --model (built-in names, folders, HF ids from the HF cache or the
+Hub) for them, so no service imports the tiny-model builder or the Hub client.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ def _say(message: str) -> None:
 
 
 def _service_resolver(service: str) -> Callable[[str], str]:
-    """--model -> folder for a service process; building a tiny model is logged as that service's progress."""
+    """--model -> folder for a service process; building a tiny model or downloading an HF id is logged as that
+    service's progress. The preprocessor fetches an HF id's config and tokenizer files only, never its weights."""
     from app.models import resolve_model
 
     log = logging.getLogger(f"splice.{service}")
-    return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m))
+    weights = service == "engine"
+    return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m), weights=weights)
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
@@ -55,7 +57,7 @@ def _up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(f"splice up: {exc}")
         return 2
-    try:  # build or fetch once here, with progress, before two processes load it
+    try:  # build or download once here, with progress, before two processes load it (from the cache then)
         resolve_model(args.model, progress=_say)
     except SpliceError as exc:
         _say(f"splice up: {exc}")

@@ -23,8 +23,8 @@ DEFAULTS = Limits()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="127.0.0.1:50061", help="HOST:PORT of splice.v1.Engine")
     parser.add_argument("--model", default=None,
-                        help="tokenizer/processor source (tiny name, folder or cached HF id); default: the model "
-                             "the engine reports")
+                        help="tokenizer/processor source (built-in name, folder or HF id: its config and tokenizer "
+                             "files only are downloaded); default: the model the engine reports")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--allowed-media-dir", type=Path, default=None,
@@ -119,7 +119,10 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
     if args.metrics_port is not None:  # first: the metrics line precedes the ready line
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"preprocessor metrics on {exporter.address}", flush=True)
-    server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
+    model = args.model
+    if model is not None:  # now: a model that cannot be had is one line and exit 2, not a retry per engine poll
+        model = await asyncio.to_thread(resolve, model)
+    server = PreprocessorServer(engine=args.engine, model=model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
                                 resolve=resolve, http=http_from_args(args), admission=admission_from_args(args),
                                 security=security_from_args(args))
