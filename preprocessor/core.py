@@ -23,14 +23,14 @@ from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
+from splice.offload import inline_or_thread
 from splice.request_rules import check_ids
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20
 # A text-only request up to this many characters (token IDs count as characters) is normalized on the event
-# loop: its template and tokenizer take less time than a thread's hand-off and return (~0.2 ms each way on two
-# cores), and the template holds the GIL in a thread anyway. Anything larger, or with images or embeddings, goes
-# to a thread, so that decoding and processing it never stalls the other streams.
+# loop: its template and tokenizer take less time than a thread's hand-off (splice/offload.py). Anything larger,
+# or with images or embeddings, goes to a thread.
 INLINE_NORMALIZE_CHARS = 1024
 
 
@@ -105,10 +105,8 @@ class PreprocessorCore:
         # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
         rendered = await self._prerendered(conv)
         kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
-        if _inline((p for m in conv.messages for p in m.parts), kwargs):
-            normalized = self.normalize_chat(conv, sampling, request_id, False, rendered)
-        else:
-            normalized = await asyncio.to_thread(self.normalize_chat, conv, sampling, request_id, False, rendered)
+        inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
+        normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, len(conv.parts(Image)))
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
         async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
@@ -118,10 +116,7 @@ class PreprocessorCore:
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
                        ) -> AsyncIterator[GenerationChunk]:
         arrival = time.perf_counter()
-        if _inline(parts):
-            normalized = self.normalize_complete(parts, sampling, request_id)
-        else:
-            normalized = await asyncio.to_thread(self.normalize_complete, parts, sampling, request_id)
+        normalized = await inline_or_thread(_inline(parts), self.normalize_complete, parts, sampling, request_id)
         _record("complete", normalized, arrival, 0)
         async with aclosing(self._generate(normalized, "complete", arrival)) as chunks:
             async for chunk in chunks:
