@@ -6,11 +6,16 @@ before the body is read), instead of the process growing until it stalls or is k
 A request holds its place and its bytes until its answer is complete: the parsed payload lives that long.
 gRPC calls are admitted by splice/call_guard.py, by their raw message size before it is parsed. State changes
 hold a lock, so that any thread may admit and release.
+
+What a request decodes can be far larger than what it sent (a few KB of PNG are 50 MB of pixels), so the
+decoders `charge` what they are about to allocate to the request's ticket, known from headers and shapes:
+the ticket that admitted the request is this context's (asyncio tasks and to_thread carry it along).
 """
 
 from __future__ import annotations
 
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from splice.errors import ResourceExhausted
@@ -34,7 +39,7 @@ class Admission:
             self._check_bytes(nbytes)
             self.running += 1
             self.held += nbytes
-        return Ticket(self, nbytes)
+        return _current(Ticket(self, nbytes))
 
     def stream(self, declared: int) -> Ticket:
         """A ticket for a client stream (Upload) that will bring `declared` bytes: it holds nothing yet. The
@@ -44,7 +49,7 @@ class Admission:
         if declared > self.max_bytes:
             raise ResourceExhausted(f"a request of {declared} bytes is larger than the {self.max_bytes} request "
                                     f"bytes the preprocessor holds at once (--max-inflight-request-bytes)")
-        return Ticket(self, 0, placed=False)
+        return _current(Ticket(self, 0, placed=False))
 
     def full(self) -> bool:
         return self.running >= self.max_concurrent
@@ -67,10 +72,21 @@ class Ticket:
     placed: bool = True  # holds one of the --max-concurrent-requests places
     released: bool = False
 
-    def grow(self, nbytes: int) -> None:
-        """`nbytes` more for this request; ResourceExhausted when they do not fit now."""
+    def grow(self, nbytes: int, what: str = "") -> None:
+        """`nbytes` more for this request (`what`: for what, as the refusal says); ResourceExhausted when they do
+        not fit now, or never can: the request would hold more than the cap by itself."""
         a = self.admission
+        if what and self.nbytes + nbytes > a.max_bytes:
+            raise ResourceExhausted(f"{what} takes about {nbytes} bytes; with the {self.nbytes} the request holds "
+                                    f"already that is more than the {a.max_bytes} request bytes the preprocessor "
+                                    f"holds at once (--max-inflight-request-bytes)")
         with a._lock:
+            if self.released:  # (its request is over: holding bytes now would hold them for ever)
+                return
+            if what and a.held + nbytes > a.max_bytes:
+                raise ResourceExhausted(f"{what} takes about {nbytes} bytes, which do not fit: {a.held} of "
+                                        f"{a.max_bytes} request bytes are held (--max-inflight-request-bytes); "
+                                        f"retry later")
             a._check_bytes(nbytes)
             a.held += nbytes
             self.nbytes += nbytes
@@ -90,3 +106,19 @@ class Ticket:
                 self.released = True
                 self.admission.running -= 1 if self.placed else 0
                 self.admission.held -= self.nbytes
+
+
+_CURRENT: ContextVar[Ticket | None] = ContextVar("splice_admission_ticket", default=None)
+
+
+def _current(ticket: Ticket) -> Ticket:
+    _CURRENT.set(ticket)
+    return ticket
+
+
+def charge(nbytes: int, what: str) -> None:
+    """`nbytes` more held by the request this context serves, for `what` it is about to decode or allocate;
+    ResourceExhausted when they do not fit. Outside an admitted request (a core used directly) it does nothing."""
+    ticket = _CURRENT.get()
+    if ticket is not None and nbytes > 0:
+        ticket.grow(nbytes, what)

@@ -30,8 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-media-dir", type=Path, default=None,
                         help="allow image paths under this directory (off by default)")
     parser.add_argument("--max-image-bytes", type=int, default=DEFAULTS.max_image_bytes)
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels)
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
+                        help="width x height of one image, from its header before decoding (default: %(default)s)")
+    parser.add_argument("--max-image-side", type=int, default=DEFAULTS.max_image_side,
+                        help="width and height of one image each, from its header (default: %(default)s)")
+    parser.add_argument("--max-image-aspect-ratio", type=float, default=DEFAULTS.max_image_aspect_ratio,
+                        help="longer side / shorter side of one image, from its header (default: %(default)g)")
     parser.add_argument("--max-images", type=int, default=DEFAULTS.max_images)
+    parser.add_argument("--max-request-image-pixels", type=int, default=DEFAULTS.max_request_image_pixels,
+                        help="pixels of a request's images together, from their headers; what decoding them holds "
+                             "counts in --max-inflight-request-bytes (default: %(default)s = 4 x 4096 x 4096)")
     parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
     parser.add_argument("--trust-request-chat-template", action="store_true",
@@ -80,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
-                  max_images=args.max_images, max_embeds_bytes=args.max_embeds_bytes,
+                  max_image_side=args.max_image_side, max_image_aspect_ratio=args.max_image_aspect_ratio,
+                  max_images=args.max_images, max_request_image_pixels=args.max_request_image_pixels,
+                  max_embeds_bytes=args.max_embeds_bytes,
                   max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir,
                   trust_request_chat_template=args.trust_request_chat_template,
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,

@@ -1,7 +1,9 @@
 """prompt_embeds decoding: raw tensor, vLLM's base64(torch.save), safetensors -> [n, hidden] rows.
 
 Every size is checked against the cap from metadata (dtype x shape) before the dense tensor is
-allocated; a tensor that is a view of a small storage (expand) is refused before `.contiguous()`.
+allocated. A torch.save archive is checked before torch.load reads it (torch_archive.py: stored records only,
+none over the cap), then loaded on the meta device, from its pickle alone, so that a tensor whose storage is not
+exactly its view (an expand of a small one, a slice of a large one) is refused before any storage is read.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import io
 import json
 import math
 import struct
+import warnings
 
 import torch
 
 from preprocessor.content import Embeds, RawTensor
 from preprocessor.limits import Limits
+from preprocessor.torch_archive import check_archive
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 from splice.request_rules import all_finite, check_finite, check_float_dtype, check_hidden, check_rows
@@ -27,6 +31,8 @@ SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF1
 MAX_SAFETENSORS_HEADER = 1 << 20
 # torch.save adds a zip container and pickled metadata around the storage bytes.
 TORCH_SAVE_OVERHEAD = 64 * 1024
+# torch.load warns of a pickle protocol it was not written with, naming it: a caller could fill the log with them.
+warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
 
 
 def decode_embeds(part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
@@ -69,36 +75,39 @@ def _from_raw(raw: RawTensor, part: Embeds, info: ModelInfo, limits: Limits) -> 
 
 
 def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
+    what = f"{part.where}: prompt_embeds torch_base64"
     # base64 is 4 characters per 3 bytes: bound the decoded size before decoding.
     if len(text) * 3 // 4 > limits.max_embeds_bytes + TORCH_SAVE_OVERHEAD:
-        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is {len(text)} characters; the decoded "
-                              f"tensor may be at most {limits.max_embeds_bytes} bytes")
+        raise InvalidArgument(f"{what} is {len(text)} characters; the decoded tensor may be at most "
+                              f"{limits.max_embeds_bytes} bytes")
     try:
         blob = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not valid base64: {exc}") from None
+        raise InvalidArgument(f"{what} is not valid base64: {exc}") from None
+    # Nothing is inflated (stored records only) and no storage is over the cap; then the tensor is built on the
+    # meta device first, from the pickle alone, so that its view is checked before any storage is read.
+    check_archive(blob, what, limits.max_embeds_bytes)
+    _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
+    return _check_loaded(_load(blob, "cpu", what), "cpu", part, info, limits)
+
+
+def _load(blob: bytes, device: str, what: str) -> object:
+    # A sparse tensor's indices are checked as it is built with its data (meta has none); it is refused below
+    # anyway, but is never left unchecked in memory.
+    checks = torch.sparse.check_sparse_tensor_invariants(enable=device != "meta")
     try:
-        # weights_only: the unpickler only builds tensors and plain containers, never arbitrary objects; a sparse
-        # tensor's indices are checked as it is built (refused below anyway, but never left unchecked in memory).
-        with torch.sparse.check_sparse_tensor_invariants():
-            obj = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        # weights_only: the unpickler only builds tensors and plain containers, never arbitrary objects.
+        with checks:
+            return torch.load(io.BytesIO(blob), weights_only=True, map_location=device)
     except Exception as exc:
-        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is not a torch.save'd tensor loadable "
-                              f"with weights_only=True ({type(exc).__name__}: {str(exc)[:200]})") from None
-    _check_loaded(obj, part)
-    # The loaded storage is bounded by the payload, but a stride-0 view (expand) can describe far more
-    # elements than it holds: densifying it would turn a few KB into GBs. Only dense tensors are taken.
-    _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
-    if obj.untyped_storage().nbytes() < obj.numel() * obj.element_size():
-        raise InvalidArgument(f"{part.where}: prompt_embeds torch_base64 is a view of a smaller storage (e.g. "
-                              f"expand() of shape {list(obj.shape)}); send a dense tensor (.contiguous())")
-    return obj
+        raise InvalidArgument(f"{what} is not a torch.save'd dense tensor loadable with weights_only=True "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def _check_loaded(obj: object, part: Embeds) -> None:
-    """What weights_only=True may still build but is not rows of numbers in memory: refused before its shape or
-    data is touched (a nested tensor has no shape; a meta tensor, loaded as meta whatever map_location says,
-    has no data)."""
+def _check_loaded(obj: object, device: str, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
+    """`obj` as a dense tensor on `device` whose storage is exactly its view. What weights_only=True may still
+    build but is not rows of numbers in memory is refused before its shape or data is touched: a nested tensor
+    has no shape; a meta tensor, loaded as meta whatever map_location says, has no data."""
     what = f"{part.where}: prompt_embeds torch_base64"
     if not isinstance(obj, torch.Tensor):
         raise InvalidArgument(f"{what} holds a {type(obj).__name__}, not a tensor")
@@ -107,9 +116,21 @@ def _check_loaded(obj: object, part: Embeds) -> None:
         raise InvalidArgument(f"{what} holds a {kind}; send one dense tensor [n, hidden]")
     if obj.layout != torch.strided:
         raise InvalidArgument(f"{part.where}: prompt_embeds must be a dense tensor, got layout {obj.layout}")
-    if obj.device.type != "cpu":
+    if obj.device.type != device:
         raise InvalidArgument(f"{what} holds a tensor on device {obj.device.type!r} (no data); send a tensor "
                               f"with its data")
+    _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
+    # A stride-0 view (expand) describes more elements than its storage holds: densifying it would turn a few KB
+    # into GBs. A view of a larger storage (a slice) would hold memory nobody sent rows for. Only a tensor that
+    # is its whole storage is taken.
+    held, needed = obj.untyped_storage().nbytes(), obj.numel() * obj.element_size()
+    if held < needed:
+        raise InvalidArgument(f"{what} is a view of a smaller storage (e.g. expand() of shape {list(obj.shape)}); "
+                              f"send a dense tensor (.contiguous())")
+    if held > needed:
+        raise InvalidArgument(f"{what} is a view of shape {list(obj.shape)} ({needed} bytes) of a storage of "
+                              f"{held} bytes (e.g. a slice of a larger tensor); send a tensor of its own (.clone())")
+    return obj
 
 
 def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:

@@ -14,7 +14,10 @@ MiB = 1 << 20
 class Limits:
     max_image_bytes: int = 20 * MiB  # encoded file size
     max_image_pixels: int = 4096 * 4096  # width * height, checked from the header before decoding
+    max_image_side: int = 8192  # width and height each, from the header
+    max_image_aspect_ratio: float = 200.0  # longer side / shorter side, from the header
     max_images: int = 16  # per request
+    max_request_image_pixels: int = 4 * 4096 * 4096  # a request's images together, from their headers
     max_embeds_bytes: int = 256 * MiB  # per prompt_embeds part, as its dense tensor in the source dtype
     max_embeds_parts: int = 32  # per request
     allowed_media_dir: Path | None = None  # local image paths are refused unless this is set
@@ -26,8 +29,9 @@ class Limits:
     upload_idle_timeout: float = 30.0  # seconds an Upload stream may stay silent before it is abandoned
 
     def __post_init__(self) -> None:
-        for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts",
-                     "chat_template_workers", "max_chat_template_bytes"):
+        for name in ("max_image_bytes", "max_image_pixels", "max_image_side", "max_image_aspect_ratio", "max_images",
+                     "max_request_image_pixels", "max_embeds_bytes", "max_embeds_parts", "chat_template_workers",
+                     "max_chat_template_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_embeds_parts > MAX_EMBEDS_PARTS:

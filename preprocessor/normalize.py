@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from preprocessor.admission import charge
 from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.embeds import decode_embeds
-from preprocessor.images import load_image
+from preprocessor.images import decode_image, image_cost, open_image
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
@@ -94,8 +95,12 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
+    # Every image's header is checked, and the request's pixels together, before anything is decoded; what
+    # decoding them holds is charged to the request's admission first.
+    opened = [open_image(p, limits) for p in images]
+    charge(image_cost(opened, limits), f"decoding the request's {len(opened)} images")
     rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
-    pictures = [load_image(p, limits) for p in images]
+    pictures = [decode_image(o, limits) for o in opened]
     if conv.chat_template is None:
         prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder, files.sentinels)
     elif render_request is None:

@@ -34,6 +34,7 @@ class Faces:
     stub: preprocessor_pb2_grpc.PreprocessorStub
     http: httpx.AsyncClient
     media: object  # the allowed media dir (a Path)
+    server: PreprocessorServer
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -49,7 +50,7 @@ async def faces(tiny_dirs, tiny, tmp_path_factory):
     http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", timeout=60)
     try:
         await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
-        yield Faces(preprocessor_pb2_grpc.PreprocessorStub(channel), http, media)
+        yield Faces(preprocessor_pb2_grpc.PreprocessorStub(channel), http, media, pre)
     finally:
         await http.aclose()
         await channel.close()
@@ -164,5 +165,79 @@ async def test_meta_and_nested_tensors_are_refused(faces, tiny):
         warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
         strided = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)])
         jagged = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)], layout=torch.jagged)
-    await refused_as_embeds(faces, torch_b64(strided), "nested tensor")
-    await refused_as_embeds(faces, torch_b64(jagged), "nested tensor")
+    await refused_as_embeds(faces, torch_b64(strided), "dense tensor")
+    await refused_as_embeds(faces, torch_b64(jagged), "dense tensor")
+
+
+async def test_a_compressed_storage_is_refused_before_it_is_inflated(faces):
+    from bench.fuzz_decoders import deflated_torch_save
+
+    # Row 2 of issue 27: 1.4 MB of base64 declaring a 1 GiB storage under a [4, 64] view (tiny-idefics3's hidden).
+    b64 = base64.b64encode(deflated_torch_save((4, 64))).decode()
+    await refused_as_embeds(faces, b64, "'archive/data/0' is compressed")
+
+
+def png_url(blob: bytes) -> dict:
+    return image_url("data:image/png;base64," + base64.b64encode(blob).decode())
+
+
+async def test_images_too_long_or_too_thin_are_refused_from_the_header(faces):
+    from bench.fuzz_decoders import png_header_only
+
+    # Row 5 of issue 27: 16,000,000 x 1 (2 KB; within --max-image-pixels) took seconds of CPU to decode.
+    long = png_header_only(16_000_000, 1)
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(data=long))), "16000000x1",
+                 "--max-image-side")
+    refused_http(await http_chat(faces, png_url(long)), "16000000x1", "--max-image-side")
+    thin = png_header_only(8000, 20)  # within the side cap, 400 times as long as wide
+    refused_grpc(await grpc_chat(faces, pb.ContentPart(image=pb.ImageInput(data=thin))), "--max-image-aspect-ratio")
+    refused_http(await http_chat(faces, png_url(thin)), "--max-image-aspect-ratio")
+
+
+async def grpc_images(faces: Faces, blobs: list[bytes]) -> grpc.aio.AioRpcError | None:
+    content = [pb.ContentPart(text="look")] + [pb.ContentPart(image=pb.ImageInput(data=b)) for b in blobs]
+    request = pb.ChatRequest(messages=[pb.ChatMessage(role="user", content=content)],
+                             sampling=common_pb2.SamplingParams(max_tokens=2))
+    try:
+        _ = [r async for r in faces.stub.Chat(request)]
+    except grpc.aio.AioRpcError as err:
+        return err
+    return None
+
+
+async def http_images(faces: Faces, blobs: list[bytes]) -> httpx.Response:
+    content = [{"type": "text", "text": "look"}] + [png_url(b) for b in blobs]
+    return await faces.http.post("/v1/chat/completions", json={
+        "max_tokens": 2, "messages": [{"role": "user", "content": content}]})
+
+
+async def test_a_requests_pixels_are_capped_together_and_held_in_admission(faces):
+    from bench.fuzz_decoders import png_header_only
+
+    # Row 5 of issue 27: 16 images of 4096 x 4096 (a few KB each) were accepted, seconds of CPU each.
+    big = png_header_only(4096, 4096)
+    err = await grpc_images(faces, [big] * 16)
+    assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert "16 images have 268435456 pixels together" in err.details() and "--max-request-image-pixels" in err.details()
+    resp = await http_images(faces, [big] * 16)
+    assert resp.status_code == 400 and "--max-request-image-pixels" in resp.text, resp.text
+    # Within the request's cap, what decoding holds counts in admission: refused when it does not fit beside
+    # what others hold (429, retry), served when it does; held only while the request runs.
+    small = png_header_only(512, 512)  # two decode to 8 x 3 x 512 x 512 bytes (6 MiB) by image_cost
+    admission = faces.server.admission
+    saved = admission.max_bytes
+    admission.max_bytes = 10 << 20
+    other = admission.enter(5 << 20)  # another request holding 5 MiB
+    try:
+        err = await grpc_images(faces, [small] * 2)
+        assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+        assert "decoding the request's 2 images" in err.details() and "retry later" in err.details()
+        resp = await http_images(faces, [small] * 2)
+        assert resp.status_code == 429 and "decoding the request's 2 images" in resp.text, resp.text
+        other.release()
+        assert await grpc_images(faces, [small] * 2) is None
+        assert (await http_images(faces, [small] * 2)).status_code == 200
+    finally:
+        other.release()
+        admission.max_bytes = saved
+    assert admission.held == 0 and admission.running == 0

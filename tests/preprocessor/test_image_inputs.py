@@ -181,3 +181,66 @@ def test_only_the_accepted_formats_are_parsed(monkeypatch):
         buf = io.BytesIO()
         PILImage.new("RGB", (6, 4), (200, 10, 10)).save(buf, format=fmt)
         assert load_image(Image("data", buf.getvalue(), WHERE), Limits()).size == (6, 4), fmt
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Counts Pillow's pixel decoding (ImageFile.load): a refusal from the header must leave it at 0."""
+    from PIL import ImageFile
+
+    calls = []
+    real = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: (calls.append(1), real(self))[1])
+    return calls
+
+
+def test_side_and_aspect_ratio_checked_from_the_header(no_decoding):
+    from bench.fuzz_decoders import png_header_only
+
+    msg = _reject(Image("data", png_header_only(16_000_000, 1), WHERE), Limits())
+    assert "16000000x1" in msg and "at most 8192 pixels (--max-image-side)" in msg
+    msg = _reject(Image("data", png_header_only(4000, 10), WHERE), Limits())
+    assert "4000x10, 400 times as long as it is wide; at most 200 (--max-image-aspect-ratio)" in msg
+    assert "--max-image-side" in _reject(Image("data", png_header_only(100, 50), WHERE), Limits(max_image_side=99))
+    assert not no_decoding
+    assert load_image(Image("data", png_header_only(2000, 10), WHERE), Limits()).size == (2000, 10)  # 200: allowed
+
+
+def test_a_requests_pixels_are_checked_together_before_decoding(tiny, no_decoding):
+    from bench.fuzz_decoders import png_header_only
+
+    files, info = tiny["tiny-llava"]
+    core = PreprocessorCore(files, info, limits=Limits(max_request_image_pixels=3 * 100 * 100))
+    four = conversation(("user", [png_header_only(100, 100)] * 4 + ["hi"]))
+    with pytest.raises(SpliceError) as exc:
+        core.normalize_chat(four)
+    assert exc.value.code == "INVALID_ARGUMENT" and "4 images have 40000 pixels together; at most 30000" in \
+        exc.value.message
+    assert not no_decoding
+    assert core.normalize_chat(conversation(("user", [png_header_only(100, 100)] * 3 + ["hi"]))).request.tensors
+
+
+def test_decoding_is_charged_to_the_requests_admission(tiny):
+    from bench.fuzz_decoders import png_header_only
+    from preprocessor.admission import Admission
+    from preprocessor.images import DECODED_BYTES_PER_PIXEL
+
+    files, info = tiny["tiny-llava"]
+    core = PreprocessorCore(files, info)
+    blob = png_header_only(300, 200)
+    admission = Admission(max_bytes=4 << 20)
+    ticket = admission.enter(1000)  # as the call guard does: this context's request
+    core.normalize_chat(conversation(("user", [blob, blob, "hi"])))
+    assert admission.held == 1000 + DECODED_BYTES_PER_PIXEL * 3 * 60000 + 2 * len(blob)
+    ticket.release()
+    assert admission.held == 0
+    core.normalize_chat(conversation(("user", [blob, "hi"])))  # a released ticket is charged nothing
+    assert admission.held == 0
+    ticket = admission.enter(1000)
+    try:
+        with pytest.raises(SpliceError) as exc:  # more than the cap by itself: it can never fit
+            core.normalize_chat(conversation(("user", [png_header_only(600, 600)] * 2 + ["hi"])))
+        assert exc.value.code == "RESOURCE_EXHAUSTED" and "more than the 4194304 request bytes" in exc.value.message
+        assert admission.held == 1000
+    finally:
+        ticket.release()

@@ -125,7 +125,7 @@ def test_torch_base64_payload_size_capped(info):
 
 @pytest.mark.parametrize(("payload", "needle"), [
     ("not base64!!", "not valid base64"),
-    (base64.b64encode(b"garbage").decode(), "weights_only=True"),
+    (base64.b64encode(b"garbage").decode(), "not a torch.save zip archive"),
 ])
 def test_torch_base64_garbage_rejected(info, payload, needle):
     assert needle in _reject(Embeds("torch_base64", payload, WHERE), info).message
@@ -186,10 +186,57 @@ def test_torch_base64_meta_and_nested_rejected(info):
         warnings.simplefilter("ignore", UserWarning)  # (nested tensors are a prototype)
         for layout in (torch.strided, torch.jagged):
             nested = torch.nested.nested_tensor([torch.ones(2, hidden), torch.ones(3, hidden)], layout=layout)
-            assert "nested tensor" in _reject(Embeds("torch_base64", _b64(nested), WHERE), info).message
+            assert "dense tensor" in _reject(Embeds("torch_base64", _b64(nested), WHERE), info).message
 
 
 def test_torch_base64_parameter_accepted(info):
     x = rows(3, info.hidden_size)
     got = decode_embeds(Embeds("torch_base64", _b64(torch.nn.Parameter(x)), WHERE), info, Limits())
     assert torch.equal(got, x)
+
+
+def _rezip(blob: bytes, **changes) -> bytes:
+    """`blob`'s records rewritten by zipfile (stored unless `compress` names them; `tail` appended)."""
+    import zipfile
+
+    src = zipfile.ZipFile(io.BytesIO(blob))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            method = zipfile.ZIP_DEFLATED if info.filename in changes.get("compress", ()) else zipfile.ZIP_STORED
+            dst.writestr(info.filename, src.read(info), compress_type=method)
+    return changes.get("head", b"") + out.getvalue() + changes.get("tail", b"")
+
+
+def test_torch_base64_compressed_storage_rejected_before_inflating(info):
+    from bench.fuzz_decoders import deflated_torch_save
+
+    # Row 2 of issue 27: 1.4 MB of base64 whose storage inflates to 1 GiB under a [4, 64] view.
+    err = _reject(Embeds("torch_base64", base64.b64encode(deflated_torch_save((4, 64))).decode(), WHERE), info)
+    assert "'archive/data/0' is compressed" in err.message
+    # The same for a small one: no compressed record is read, whatever it inflates to.
+    blob = _rezip(base64.b64decode(_b64(rows(2, info.hidden_size))), compress={"archive/data/0"})
+    assert "is compressed" in _reject(Embeds("torch_base64", base64.b64encode(blob).decode(), WHERE), info).message
+
+
+def test_torch_base64_storage_over_the_cap_rejected_from_the_directory(info):
+    err = _reject(Embeds("torch_base64", _b64(rows(64, info.hidden_size)), WHERE), info,
+                  Limits(max_embeds_bytes=64 * info.hidden_size * 4 - 1))
+    assert "record 'archive/data/0' is" in err.message and "at most" in err.message
+
+
+def test_torch_base64_view_of_a_larger_storage_rejected(info):
+    x = rows(10, info.hidden_size)[:4]  # [4, hidden] of a [10, hidden] storage
+    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info)
+    assert "storage of" in err.message and ".clone()" in err.message
+    got = decode_embeds(Embeds("torch_base64", _b64(x.clone()), WHERE), info, Limits())
+    assert torch.equal(got, x)
+
+
+@pytest.mark.parametrize("change", [{"tail": b"\0"}, {"head": b"\0" * 4}, {"tail": b"PK\x05\x06" + b"\0" * 18}])
+def test_torch_base64_archive_layout_must_be_unambiguous(info, change):
+    blob = _rezip(base64.b64decode(_b64(rows(2, info.hidden_size))), **change)
+    err = _reject(Embeds("torch_base64", base64.b64encode(blob).decode(), WHERE), info)
+    assert "torch_base64" in err.message
+    plain = _rezip(base64.b64decode(_b64(rows(2, info.hidden_size))))  # zipfile's own layout is fine
+    assert decode_embeds(Embeds("torch_base64", base64.b64encode(plain).decode(), WHERE), info, Limits()).shape[0] == 2
