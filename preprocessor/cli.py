@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
     parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
                         help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, "
-                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing")
+                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing, a chunked "
+                             "HTTP body counted as it arrives; one HTTP body larger than this: 413")
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
