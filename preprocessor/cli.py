@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
                         help="seconds to fetch one remote image")
+    parser.add_argument("--http-header-timeout", type=float, default=HttpOptions.header_timeout,
+                        help="seconds an HTTP connection has to send a request's headers (from opening, or from the "
+                             "first byte of its next request) before it is closed (default: %(default)s)")
+    parser.add_argument("--http-max-connections", type=int, default=HttpOptions.max_connections,
+                        help="HTTP connections open at once; one more is answered 503 and closed (default: "
+                             "%(default)s)")
     parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
                         help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
                              "requests UNAVAILABLE meanwhile)")
@@ -110,7 +116,8 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
         return None
     return HttpOptions(port=args.http_port, api_key=_api_key(args),
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
-                       drain_grace=args.drain_grace)
+                       drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
+                       max_connections=args.http_max_connections)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:

@@ -75,7 +75,9 @@ class PreprocessorServer:
             from preprocessor.http.server import HttpServer
 
             app = build_app(self.link, self._http_options, self.admission)
-            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace, tls)
+            options = self._http_options
+            self._http = HttpServer(app, self.host, options.port, options.drain_grace, tls, options.header_timeout,
+                                    options.max_connections)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()
