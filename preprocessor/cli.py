@@ -58,7 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default off")
     parser.add_argument("--api-key", default=None,
                         help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header "
-                             "alike (default: $SPLICE_API_KEY); health stays open")
+                             "alike (default: $SPLICE_API_KEY); health stays open, HTTP /metrics and the API docs "
+                             "(HTTP /docs, /redoc, /openapi.json; gRPC reflection) need the key unless opened")
+    parser.add_argument("--open-metrics", action="store_true",
+                        help="with --api-key: serve the HTTP face's /metrics without the key (default: off)")
+    parser.add_argument("--open-docs", action="store_true",
+                        help="with --api-key: serve /docs, /redoc, /openapi.json and gRPC reflection without the key "
+                             "(default: off)")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)")
@@ -104,6 +110,7 @@ def security_from_args(args: argparse.Namespace) -> Security:
         ca = None if args.engine_tls_ca in (None, "system") else args.engine_tls_ca
         engine_tls = ClientTLS(ca, args.engine_tls_cert, args.engine_tls_key)
     return Security(tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca), api_key=_api_key(args),
+                    open_docs=args.open_docs,
                     engine_tls=engine_tls, engine_api_key=args.engine_api_key or os.environ.get(ENGINE_KEY_ENV) or None)
 
 
@@ -114,7 +121,8 @@ def _api_key(args: argparse.Namespace) -> str | None:
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
-    return HttpOptions(port=args.http_port, api_key=_api_key(args),
+    return HttpOptions(port=args.http_port, api_key=_api_key(args), open_metrics=args.open_metrics,
+                       open_docs=args.open_docs,
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
                        drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
                        max_connections=args.http_max_connections)

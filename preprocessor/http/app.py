@@ -1,5 +1,6 @@
 """The FastAPI app of the OpenAI-compatible face: each route is decode -> one core call -> encode, like the
-gRPC servicer, on the engine link's current core. OpenAPI page at /docs.
+gRPC servicer, on the engine link's current core. OpenAPI page at /docs. With a key, every route but /health
+needs it (auth.py), /metrics and the docs unless opened.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -18,7 +19,7 @@ from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
-from preprocessor.http.auth import bearer_check
+from preprocessor.http.auth import KeyMiddleware
 from preprocessor.http.errors import error_response, install_error_handlers
 from preprocessor.http.media import fetch_images
 from preprocessor.http.options import HttpOptions
@@ -51,13 +52,23 @@ def _token_texts(core: PreprocessorCore):
     return texts
 
 
+def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
+    """What stays open when a key is set, besides /health: metrics and the API docs, each when its flag says so."""
+    paths = ["/metrics"] if options.open_metrics else []
+    if options.open_docs:
+        paths += [p for p in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    return paths
+
+
 def build_app(link: EngineLink, options: HttpOptions, admission: Admission | None = None) -> FastAPI:
     """`admission`: shared with the gRPC face, so one set of caps covers both."""
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
     install_error_handlers(app)
     if admission is not None:
         app.add_middleware(AdmissionMiddleware, admission=admission)
-    api = APIRouter(dependencies=[Depends(bearer_check(options.api_key))])
+    if options.api_key:  # added last: outermost, so a request without the key is not even admitted
+        app.add_middleware(KeyMiddleware, api_key=options.api_key, open_paths=_open_paths(app, options))
+    api = APIRouter()
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:

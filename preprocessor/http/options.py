@@ -8,7 +8,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class HttpOptions:
     port: int = 8000  # 0 picks a free port; the host is the preprocessor's --host
-    api_key: str | None = None  # when set, every /v1, /tokenize and /detokenize request needs "Bearer KEY"
+    api_key: str | None = None  # when set, every route but /health needs "Bearer KEY" (auth.py)
+    open_metrics: bool = False  # with a key: /metrics stays open (Prometheus scrapes without one)
+    open_docs: bool = False  # with a key: /docs, /redoc, /openapi.json stay open (and gRPC reflection)
     allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) image URLs may be fetched from; empty: none
     media_timeout: float = 10.0  # seconds for one remote image, connect to last byte
     drain_grace: float = 20.0  # seconds running requests get to finish on shutdown
