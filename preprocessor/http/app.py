@@ -15,13 +15,14 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preprocessor.admission import Admission
+from preprocessor.content import Conversation
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
 from preprocessor.http.auth import KeyMiddleware
 from preprocessor.http.errors import error_response, install_error_handlers
-from preprocessor.http.media import fetch_images
+from preprocessor.http.media import fetch_remote_images
 from preprocessor.http.options import HttpOptions
 from preprocessor.http.responses import ChatShape, Shape
 from preprocessor.http.schemas import (
@@ -32,6 +33,7 @@ from preprocessor.http.schemas import (
     TokenizeRequest,
 )
 from preprocessor.http.streaming import ClientGone, stream_response, whole_response
+from preprocessor.request_bounds import check_counts_only
 from splice.errors import NotFound
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
@@ -50,6 +52,18 @@ def _token_texts(core: PreprocessorCore):
         return [core.detokenize([t], skip_special_tokens=False) for t in ids]
 
     return texts
+
+
+async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
+                        options: HttpOptions) -> Conversation:
+    """The body's conversation, checked against the request bounds (sizes, image count) before any remote image is
+    fetched, then with those images fetched."""
+    # The counts first, from the body: converting 100k messages would take seconds of its own.
+    parts = sum(len(m.content) if isinstance(m.content, list) else 1 for m in body.messages)
+    check_counts_only(len(body.messages), parts, core.info)
+    conv = convert.conversation_from_http(body)
+    core.check_conversation(conv)
+    return await fetch_remote_images(conv, options, core.limits.max_image_bytes)
 
 
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
@@ -78,8 +92,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.chat_sampling(body)
-        fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
-        conv = convert.conversation_from_http(body, fetched)
+        conv = await _conversation(core, body, options)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
@@ -112,8 +125,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def tokenize(body: TokenizeRequest) -> dict:
         core = _core(link, body.model)
         if isinstance(body, TokenizeChatRequest):
-            fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
-            conv = convert.conversation_from_http(body, fetched)
+            conv = await _conversation(core, body, options)
             result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)

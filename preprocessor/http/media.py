@@ -1,30 +1,39 @@
 """Remote images: http(s) URLs fetched only from allowed hosts, within the image size cap and a time limit.
 
-Fetched on the event loop (httpx, async) before conversion, all of a request's URLs at once; redirects
-are not followed, so an allowed host cannot send the fetch elsewhere.
+Fetched on the event loop (httpx, async), all of a request's URLs at once, after the conversation passed the request
+bounds (its image count among them): a request refused anyway fetches nothing. Redirects are not followed, so an
+allowed host cannot send the fetch elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from urllib.parse import urlparse
 
 import httpx
 
-from preprocessor.content import Where
+from preprocessor.content import Conversation, Image, Where
+from preprocessor.http.convert import REMOTE_SCHEMES, scheme
 from preprocessor.http.options import HttpOptions
 from splice.errors import FailedPrecondition, InvalidArgument
 
 
-async def fetch_images(urls: list[tuple[Where, str]], options: HttpOptions, max_bytes: int) -> dict[Where, bytes]:
-    if not urls:
-        return {}
-    for where, url in urls:
-        _check_allowed(url, where, options)
+async def fetch_remote_images(conv: Conversation, options: HttpOptions, max_bytes: int) -> Conversation:
+    """`conv` with each http(s) image part (Image("url", URL), as convert.py leaves it) replaced by the bytes
+    fetched from its URL."""
+    remote = [p for p in conv.parts(Image) if p.source == "url" and scheme(str(p.value)) in REMOTE_SCHEMES]
+    if not remote:
+        return conv
+    for part in remote:
+        _check_allowed(str(part.value), part.where, options)
     async with httpx.AsyncClient(follow_redirects=False, timeout=options.media_timeout, trust_env=False) as client:
-        blobs = await asyncio.gather(*(_fetch(client, url, where, options.media_timeout, max_bytes)
-                                       for where, url in urls))
-    return {where: blob for (where, _), blob in zip(urls, blobs, strict=True)}
+        blobs = await asyncio.gather(*(_fetch(client, str(p.value), p.where, options.media_timeout, max_bytes)
+                                       for p in remote))
+    fetched = {p.where: Image("data", blob, p.where) for p, blob in zip(remote, blobs, strict=True)}
+    messages = tuple(dataclasses.replace(m, parts=tuple(fetched.get(p.where, p) if isinstance(p, Image) else p
+                                                        for p in m.parts)) for m in conv.messages)
+    return dataclasses.replace(conv, messages=messages)
 
 
 def _check_allowed(url: str, where: Where, options: HttpOptions) -> None:
