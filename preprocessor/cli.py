@@ -75,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
     parser.add_argument("--engine-api-key", default=None,
                         help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
-    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
-                        help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
+    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
+                        help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port "
+                             "only, a bare HOST ports 80 and 443 only (default: none)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
                         help="seconds to fetch one remote image")
     parser.add_argument("--http-header-timeout", type=float, default=HttpOptions.header_timeout,

@@ -1,4 +1,5 @@
-"""Remote images: http(s) URLs fetched only from allowed hosts, within the image size cap and a time limit.
+"""Remote images: http(s) URLs fetched only from allowed hosts and ports (--allowed-media-domains HOST:PORT; a bare
+HOST: 80 and 443), within the image size cap and a time limit.
 
 Fetched on the event loop (httpx, async), all of a request's URLs at once, after the conversation passed the request
 bounds (its image count among them): a request refused anyway fetches nothing. Redirects are not followed, so an
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 import httpx
 
 from preprocessor.content import Conversation, Image, Where
 from preprocessor.http.convert import REMOTE_SCHEMES, scheme
-from preprocessor.http.options import HttpOptions
+from preprocessor.http.options import DEFAULT_PORTS, HttpOptions
 from splice.errors import FailedPrecondition, InvalidArgument
 
 
@@ -37,12 +38,20 @@ async def fetch_remote_images(conv: Conversation, options: HttpOptions, max_byte
 
 
 def _check_allowed(url: str, where: Where, options: HttpOptions) -> None:
-    if not options.allowed_media_domains:
+    """By host AND port: an allowed host's other services (an engine, a metrics port) stay out of reach."""
+    if not options.media_hosts:
         raise FailedPrecondition(f"{where}: remote image URLs are disabled; start the preprocessor with "
                                  f"--allowed-media-domains to allow hosts")
-    host = (urlparse(url).hostname or "").lower()
-    if host not in options.allowed_media_domains:
-        raise InvalidArgument(f"{where}: image host {host!r} is not in --allowed-media-domains")
+    parsed = urlsplit(url)
+    try:
+        port = parsed.port or (443 if parsed.scheme.lower() == "https" else 80)
+    except ValueError:
+        raise InvalidArgument(f"{where}: image URL has an invalid port: {url[:80]!r}") from None
+    host = (parsed.hostname or "").lower()
+    if (host, port) not in options.media_hosts:
+        ports = " and ".join(map(str, DEFAULT_PORTS))
+        bare = "" if port in DEFAULT_PORTS else f" (a bare host allows ports {ports} only; name HOST:{port})"
+        raise InvalidArgument(f"{where}: image host {host}:{port} is not in --allowed-media-domains{bare}")
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, where: Where, timeout: float, max_bytes: int) -> bytes:
