@@ -36,7 +36,8 @@ DTYPES = ["float32", "float16", "bfloat16", "int64", "bool", "complex64", "", "f
 texts = st.text(max_size=40)
 small_ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 tensor = st.builds(lambda d, shape, data: common_pb2.Tensor(dtype=d, shape=shape, data=data),
-                   st.sampled_from(DTYPES), st.lists(st.integers(0, 70000), max_size=4), st.binary(max_size=256))
+                   st.sampled_from(DTYPES), st.lists(st.one_of(st.integers(0, 70000), st.sampled_from(
+                       [-1, 2**31, 2**40, 2**63 - 1, -(2**63)])), max_size=4), st.binary(max_size=256))
 embeds = st.one_of(st.builds(lambda t: pb.PromptEmbeds(tensor=t), tensor),
                    st.builds(lambda s: pb.PromptEmbeds(torch_base64=s), texts),
                    st.builds(lambda b: pb.PromptEmbeds(safetensors=b), st.binary(max_size=128)))
