@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
                         help="worker processes rendering request chat templates")
     parser.add_argument("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
-                        help="seconds an Upload stream may stay silent before DEADLINE_EXCEEDED (it then releases "
-                             "its admission)")
+                        help="seconds an Upload stream (gRPC) or a request body (HTTP: 408) may stay silent before "
+                             "DEADLINE_EXCEEDED (it then releases its admission)")
     parser.add_argument("--max-concurrent-requests", type=int, default=256,
                         help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
     parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
@@ -126,6 +126,7 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
                        open_docs=args.open_docs,
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
                        drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
+                       body_idle_timeout=args.upload_idle_timeout,
                        max_connections=args.http_max_connections)
 
 

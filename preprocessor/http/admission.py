@@ -5,11 +5,15 @@ request before its body is read, and counts the body's bytes as they arrive.
   Content-Length before a byte is read, or (chunked, no Content-Length) at the chunk that passes the cap.
 - An API request holds a place and its bytes until its response is sent: by Content-Length at once, or chunk by
   chunk as they arrive; bytes that do not fit beside other requests' are a 429 (retry later).
+- A body that stays silent for `idle` seconds while it is read (--upload-idle-timeout) is a 408: a client that
+  trickles a body (slow POST) cannot hold its place, or a connection, for longer.
 - A response sent before the request's body was read to its end closes the connection: uvicorn would otherwise
   read and drop the rest (however large) to reuse the connection, for a route that never wanted it.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,6 +32,12 @@ class BodyTooLarge(HTTPException):
                               f"requests at once (--max-inflight-request-bytes)")
 
 
+class BodyTimeout(HTTPException):
+    def __init__(self, idle: float, received: int) -> None:
+        super().__init__(408, f"the request body sent nothing for {idle:g} s after {received} bytes; it is abandoned "
+                              f"(--upload-idle-timeout)")
+
+
 class NoRoom(HTTPException):
     """ResourceExhausted while a body arrives, as an HTTPException: FastAPI passes those on from its body reading
     (any other exception there becomes a 400 "error parsing the body")."""
@@ -43,7 +53,9 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _has_body(scope: Scope, length: int | None) -> bool:
+def has_body(scope: Scope) -> bool:
+    """The request sends a body: a Content-Length above 0, or a chunked one (h11 allows nothing else)."""
+    length = _content_length(scope)
     if length is not None:
         return length > 0
     return any(name == b"transfer-encoding" for name, _ in scope["headers"])
@@ -53,15 +65,21 @@ class _CountedBody:
     """`receive` and `send` of one request: the body's bytes counted (against the cap, and into the ticket when
     they were not admitted by Content-Length), and the connection closed by a response that leaves some unread."""
 
-    def __init__(self, receive: Receive, send: Send, cap: int, unread: bool) -> None:
+    def __init__(self, receive: Receive, send: Send, cap: int, unread: bool, idle: float | None) -> None:
         self._receive, self._send = receive, send
-        self.cap = cap
+        self.cap, self.idle = cap, idle
         self.unread = unread  # more body to come
         self.received = 0
         self.ticket = None  # grows by each chunk: a chunked API request's
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        if not self.unread or self.idle is None:  # (after the body: the disconnect, whenever it comes)
+            message = await self._receive()
+        else:
+            try:
+                message = await asyncio.wait_for(self._receive(), self.idle)
+            except TimeoutError:
+                raise BodyTimeout(self.idle, self.received) from None
         if message["type"] == "http.request":
             n = len(message.get("body", b""))
             self.received += n
@@ -82,9 +100,11 @@ class _CountedBody:
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission, idle: float | None = None) -> None:
+        """`idle`: seconds a body may stay silent while it is read (None: no limit)."""
         self.app = app
         self.admission = admission
+        self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -92,7 +112,7 @@ class AdmissionMiddleware:
             return
         length = _content_length(scope)
         cap = self.admission.max_bytes
-        body = _CountedBody(receive, send, cap, _has_body(scope, length))
+        body = _CountedBody(receive, send, cap, has_body(scope), self.idle)
         ticket = None
         try:
             if length is not None and length > cap:

@@ -79,7 +79,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
     install_error_handlers(app)
     if admission is not None:
-        app.add_middleware(AdmissionMiddleware, admission=admission)
+        app.add_middleware(AdmissionMiddleware, admission=admission, idle=options.body_idle_timeout)
     if options.api_key:  # added last: outermost, so a request without the key is not even admitted
         app.add_middleware(KeyMiddleware, api_key=options.api_key, open_paths=_open_paths(app, options))
     api = APIRouter()

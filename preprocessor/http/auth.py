@@ -14,15 +14,11 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from preprocessor.http.admission import has_body
 from preprocessor.http.errors import error_response
 
 ALWAYS_OPEN = ("/health",)
 UNAUTHENTICATED = "missing or wrong API key: send 'Authorization: Bearer KEY'"
-
-
-def _has_body(scope: Scope) -> bool:
-    return any((name == b"content-length" and value.strip() not in (b"", b"0")) or name == b"transfer-encoding"
-               for name, value in scope["headers"])
 
 
 class KeyMiddleware:
@@ -43,6 +39,6 @@ class KeyMiddleware:
             await self.app(scope, receive, send)
             return
         response = error_response(401, UNAUTHENTICATED, "UNAUTHENTICATED")
-        if _has_body(scope):
+        if has_body(scope):
             response.headers["connection"] = "close"
         await response(scope, receive, send)

@@ -36,6 +36,7 @@ class HttpOptions:
     drain_grace: float = 20.0  # seconds running requests get to finish on shutdown
     header_timeout: float = 10.0  # seconds a connection has to deliver a request's headers (connections.py)
     max_connections: int = 1024  # connections open at once; one more is answered 503 and closed
+    body_idle_timeout: float = 30.0  # seconds a request body may stay silent while it is read (--upload-idle-timeout)
     media_hosts: frozenset[tuple[str, int]] = field(init=False, default=frozenset())  # allowed_media_domains, parsed
 
     def __post_init__(self) -> None:
@@ -45,6 +46,8 @@ class HttpOptions:
             raise ValueError(f"--media-fetch-timeout must be > 0, got {self.media_timeout}")
         if self.header_timeout <= 0:
             raise ValueError(f"--http-header-timeout must be > 0, got {self.header_timeout}")
+        if self.body_idle_timeout <= 0:
+            raise ValueError(f"--upload-idle-timeout must be > 0, got {self.body_idle_timeout}")
         if self.max_connections < 1:
             raise ValueError(f"--http-max-connections must be >= 1, got {self.max_connections}")
         object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in self.allowed_media_domains))

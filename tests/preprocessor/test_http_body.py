@@ -8,6 +8,7 @@ import asyncio
 import json
 
 from preprocessor.admission import Admission
+from preprocessor.http.options import HttpOptions
 from tests.preprocessor.http_face import http_face
 
 CAP = 256 * 1024
@@ -104,3 +105,20 @@ async def test_any_route_refuses_a_body_past_the_cap_and_never_drains_an_unread_
                               if line.lower().startswith(b"content-length")))
             await reader.readexactly(length)
         writer.close()
+
+
+async def test_a_silent_body_is_abandoned_and_gives_its_place_back(tiny_dirs, tiny):
+    """A client that stops sending its body (slow POST) holds its admission place only until the body idle limit."""
+    admission = Admission(max_concurrent=8, max_bytes=CAP)
+    options = HttpOptions(port=0, body_idle_timeout=1.0)
+    async with http_face(tiny_dirs, tiny, http=options, admission=admission) as face:
+        reader, writer = await asyncio.open_connection(*face.http_address)
+        writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "')
+        await writer.drain()
+        await _until(lambda: admission.running == 1)
+        status, text = await _answer(reader)  # (then nothing more is sent)
+        assert status == 408 and b"DEADLINE_EXCEEDED" in text and b"--upload-idle-timeout" in text, text
+        writer.close()
+        await _until(lambda: admission.running == 0 and admission.held == 0)
+        assert (await face.http.post("/tokenize", json={"prompt": "hello"})).status_code == 200
