@@ -232,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-tls-cert", default=None, help="the preprocessor's client certificate for the engine "
                    "(mTLS on the engine link; with --engine-tls-key)")
     p.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
-    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
-                   help="hosts whose http(s) image URLs the HTTP API may fetch")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
+                   help="hosts and ports whose http(s) image URLs the HTTP API may fetch (a bare HOST: ports 80 and "
+                        "443 only)")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",

@@ -42,21 +42,37 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def lone_surrogate(value: Any) -> str | None:
     """Where the first string (in a walk of parsed JSON) holding a lone surrogate is, e.g. "messages[0].content";
-    None when there is none. Iterative: JSON nests as deep as its parser allowed."""
+    None when there is none. Iterative: JSON nests as deep as its parser allowed. The walk keeps no paths (a body may
+    hold 100k messages); the path of a string found is looked up by a second walk."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() and _SURROGATE.search(item):
+                return _path_to(value, item)
+        elif kind is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+    return None
+
+
+def _path_to(value: Any, target: str) -> str:
     stack: list[tuple[Any, tuple]] = [(value, ())]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and _SURROGATE.search(item):
-                return "".join(path).lstrip(".") or "body"
-        elif isinstance(item, dict):
+        if item is target:
+            return "".join(path).lstrip(".") or "body"
+        if isinstance(item, dict):
             for key, inner in item.items():
                 name = f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!a}]"
                 stack.append((key, (*path, name, " (a key)")))
                 stack.append((inner, (*path, name)))
         elif isinstance(item, list):
             stack.extend((inner, (*path, f"[{i}]")) for i, inner in enumerate(item))
-    return None
+    return "body"
 
 
 class _Request(_Body):

@@ -138,9 +138,11 @@ def test_tokenize_detokenize_models_health_metrics_docs(http):
     assert http.get("/v1/models").json()["data"][0]["id"] == MODEL
     assert httpx.get(f"{http.base_url}/health").status_code == 200  # no key needed
     assert httpx.get(f"{http.base_url}/version").json() == {"version": importlib.metadata.version("splice")}
-    metrics = httpx.get(f"{http.base_url}/metrics").text
+    for path in ("/metrics", "/openapi.json", "/docs"):  # the key covers them (--open-metrics, --open-docs)
+        assert httpx.get(f"{http.base_url}{path}").status_code == 401, path
+    metrics = http.get("/metrics").text
     assert "splice_preprocessor_engine_connected 1.0" in metrics
-    assert httpx.get(f"{http.base_url}/openapi.json").json()["paths"]["/v1/chat/completions"]
+    assert http.get("/openapi.json").json()["paths"]["/v1/chat/completions"]
 
 
 def _long(stream: bool) -> dict:

@@ -43,7 +43,7 @@ async def http_face(tiny_dirs, tiny, name: str = "tiny-text", http: HttpOptions 
     options = http or HttpOptions(port=0)
     pre = PreprocessorServer(engine=f"127.0.0.1:{engine_port}", model=str(tiny_dirs[name]), poll_interval=0.1,
                              resolve=resolve_model, http=options, admission=admission, limits=limits,
-                             security=security or Security(api_key=options.api_key))
+                             security=security or Security(api_key=options.api_key, open_docs=options.open_docs))
     port = await pre.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
