@@ -4,8 +4,10 @@ A template is a program: `{% for i in range(99999) %}{% for j in range(99999) %}
 thread cannot be stopped, so an in-process render would hold its thread (and the executor every other request
 shares) for good. Here each render runs in a child process with a deadline; on expiry the caller gets
 InvalidArgument at once and the child is killed. The child is niced and its address space capped, so a hostile
-template neither starves the serving process of CPU for long nor exhausts its memory. The model's own template
-is trusted and keeps the in-process path (template.render).
+template neither starves the serving process of CPU for long nor exhausts its memory. It also gets no secrets:
+its environment is a short allowlist (paths, locale), never the service's keys (SPLICE_API_KEY,
+SPLICE_ENGINE_API_KEY) or anything else the operator exported. The model's own template is trusted and keeps
+the in-process path (template.render).
 
 Every render is answered within its budget, counted from its submission: a worker's start-up (a second or more
 of imports on a busy machine) is never a render's time. `spares` processes wait already started, so a killed
@@ -54,15 +56,25 @@ MAX_PROMPT_CHARS = 16 << 20  # a rendered prompt longer than any context is the 
 _HEADER = struct.Struct(">I")
 # Where `python -m preprocessor.template_sandbox` finds this package, however the parent was started.
 _ROOT = str(Path(__file__).resolve().parent.parent)
+# What a worker inherits (with LC_*): enough to run Python; anything else may be a secret.
+_ENV_KEPT = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONHOME", "PYTHONNOUSERSITE",
+                       "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8"})
+
+
+def worker_environment() -> dict[str, str]:
+    """A worker's environment: this process's minus everything not in the allowlist, and a PYTHONPATH that
+    finds this package."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT or k.startswith("LC_")}
+    env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
 
 
 class _Worker:
     """One child process; started here, ready once wait_ready() returns."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen([sys.executable, "-m", "preprocessor.template_sandbox"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+                                     stdout=subprocess.PIPE, env=worker_environment())
 
     @property
     def pid(self) -> int:

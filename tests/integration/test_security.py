@@ -156,13 +156,32 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
+def _template_workers(parent: int, timeout: float = 60) -> list[int]:
+    """The request-template worker processes of `parent`, once it has started some."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == parent and b"preprocessor.template_sandbox" in cmdline:
+                found.append(int(stat.parent.name))
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def test_splice_up_keeps_its_engine_on_loopback_behind_a_generated_key(tiny_dirs, monkeypatch):
     """`--host 0.0.0.0 --api-key K`: the public API on every interface with K; the engine on 127.0.0.1 only, and
-    a direct call to it without a key (or with K) is refused: the public key cannot be bypassed."""
+    a direct call to it without a key (or with K) is refused: the public key cannot be bypassed. The
+    preprocessor's template workers get neither key."""
     monkeypatch.delenv("SPLICE_ENGINE_API_KEY", raising=False)
     monkeypatch.delenv("SPLICE_API_KEY", raising=False)
     up = Up("--host", "0.0.0.0", "--port", "0", "--engine-port", "0", "--http-port", "0", "--api-key", PUBLIC_KEY,
-            model=MODEL)
+            "--preprocessor-args=--trust-request-chat-template", model=MODEL)
     try:
         line = up.wait_ready()
         assert "(public API key, engine key (generated))" in line, line
@@ -174,6 +193,12 @@ def test_splice_up_keeps_its_engine_on_loopback_behind_a_generated_key(tiny_dirs
         assert len(generated) >= 32 and generated != PUBLIC_KEY
         assert _environ(pre_pid)["SPLICE_ENGINE_API_KEY"] == generated  # through the environment, not argv
         assert generated not in engine_argv and generated not in pre_argv
+        workers = _template_workers(pre_pid)
+        assert workers
+        for pid in workers:
+            environ = _environ(pid)
+            assert not {"SPLICE_API_KEY", "SPLICE_ENGINE_API_KEY"} & environ.keys(), sorted(environ)
+            assert generated not in str(environ) and PUBLIC_KEY not in str(environ)
 
         with grpc.insecure_channel(f"127.0.0.1:{engine_port}") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)

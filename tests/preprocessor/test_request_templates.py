@@ -134,3 +134,24 @@ def test_a_render_no_worker_can_take_in_time_is_refused_not_kept_for_a_restart(t
     finally:
         released.set()
         sandbox.close()
+
+
+def test_workers_get_no_secrets(tiny, monkeypatch):
+    """The keys (and anything else exported) stay out of a worker's environment: a template is caller code."""
+    files, _ = tiny["tiny-text"]
+    secrets = {"SPLICE_API_KEY": "public-secret", "SPLICE_ENGINE_API_KEY": "engine-secret", "HF_TOKEN": "hf-secret"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    sandbox = TemplateSandbox(workers=1, timeout=2.0, spares=1)
+    try:
+        assert sandbox.wait_warm(120)
+        assert sandbox.render(_job(files, "{{ messages[0]['content'] }}")) == "x"
+        pids = sandbox.processes()["driving"] + sandbox.processes()["spare"]
+        assert len(pids) == 2
+        for pid in pids:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+            assert not names & secrets.keys() and "PATH" in names, names
+            assert not any(value.encode() in environ for value in secrets.values())
+    finally:
+        sandbox.close()
