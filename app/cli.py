@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shlex
 import signal
 import sys
@@ -21,6 +22,7 @@ from splice.errors import SpliceError
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MODEL_HELP = (f"a built-in tiny model {sorted(TINY_MODELS)}, the built-in real model {REAL_DEFAULT}, a local HF "
               f"folder, or an HF id")
 
@@ -66,7 +68,8 @@ def _up(args: argparse.Namespace) -> int:
         _say(note)
     echo = None if args.quiet else _say
     try:
-        engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
+        engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
+                                  engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
                                   preprocessor_args=preprocessor_args + shlex.split(args.preprocessor_args),
@@ -97,11 +100,20 @@ def _up(args: argparse.Namespace) -> int:
 def _security_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """`splice up`'s TLS and key flags as (engine flags, preprocessor flags); ValueError for a set that cannot
     work. Keys travel through the environment, not argv (other users can read a process's arguments), and
-    restarted services inherit it."""
+    restarted services inherit it.
+
+    A public key without an engine key gets a generated one: an engine that answers without a key would let
+    anyone who reaches its port past the public key."""
     if args.api_key:
         os.environ[API_KEY_ENV] = args.api_key
     if args.engine_api_key:
         os.environ[ENGINE_KEY_ENV] = args.engine_api_key
+    elif os.environ.get(API_KEY_ENV) and not os.environ.get(ENGINE_KEY_ENV):
+        os.environ[ENGINE_KEY_ENV] = secrets.token_urlsafe(32)
+        args.engine_key_generated = True
+    if args.engine_host not in LOOPBACK and not os.environ.get(ENGINE_KEY_ENV):
+        _say(f"splice up: warning: the engine listens on {args.engine_host} without a key (--engine-api-key): "
+             f"anyone who reaches its port can generate")
     pre = ["--allowed-media-domains", *args.allowed_media_domains] if args.allowed_media_domains else []
     pre += _flags(("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca))
     if (args.engine_server_cert is None) != (args.engine_server_key is None):
@@ -133,8 +145,9 @@ def _secured(args: argparse.Namespace) -> str:
     """What `splice up` secured, for its ready line."""
     public = ("mTLS" if args.tls_ca else "TLS") if args.tls_cert else ""
     link = ("mTLS" if args.engine_tls_cert else "TLS") if args.engine_server_cert else ""
+    engine_key = "engine key (generated)" if args.engine_key_generated else "engine key"
     parts = [f"public API {public}" if public else "", "public API key" if os.environ.get(API_KEY_ENV) else "",
-             f"engine link {link}" if link else "", "engine key" if os.environ.get(ENGINE_KEY_ENV) else ""]
+             f"engine link {link}" if link else "", engine_key if os.environ.get(ENGINE_KEY_ENV) else ""]
     return ", ".join(p for p in parts if p)
 
 
@@ -211,14 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the preprocessor's (public API's) listen address "
+                   "(0.0.0.0: all interfaces); the engine's is --engine-host")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
+    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address: by default only "
+                   "this host reaches it")
     p.add_argument("--engine-port", type=int, default=50061)
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
     p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
                    f"and HTTP (default: ${API_KEY_ENV})")
     p.add_argument("--engine-api-key", default=None, help="a key the engine requires from the preprocessor "
-                   f"(default: ${ENGINE_KEY_ENV})")
+                   f"(default: ${ENGINE_KEY_ENV}; with a public key and none given, a generated one)")
     p.add_argument("--tls-cert", default=None, help="PEM certificate: the public API (gRPC and HTTP) serves TLS")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default=None, help="PEM CA: the public API requires client certificates signed by "
@@ -240,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
                    help="more `splice preprocessor` flags, e.g. '--trust-request-chat-template'")
     p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
-    p.set_defaults(func=_up)
+    p.set_defaults(func=_up, engine_key_generated=False)
 
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
     p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
                         help="seconds a request's chat template may take to render, queueing included")
     parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
-                        help="worker processes rendering request chat templates")
+                        help="worker processes rendering request chat templates (one more waits started, to "
+                             "replace a worker killed for overrunning at once)")
     parser.add_argument("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
                         help="seconds an Upload stream (gRPC) or a request body (HTTP: 408) may stay silent before "
                              "DEADLINE_EXCEEDED (it then releases its admission)")
