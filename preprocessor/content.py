@@ -21,11 +21,12 @@ class Where:
     """Location of a part in the request, for error messages."""
 
     message: int | None  # index in ChatRequest.messages; None for Complete prompts
-    part: int  # index in the message's content (or in CompleteRequest.prompt)
+    part: int  # index in the message's content (or in CompleteRequest.prompt, or in `field`)
+    field: str = "prompt"  # for Complete prompts: the request field holding it (HTTP: "prompt_embeds" too)
 
     def __str__(self) -> str:
         if self.message is None:
-            return f"prompt[{self.part}]"
+            return f"{self.field}[{self.part}]"
         return f"messages[{self.message}].content[{self.part}]"
 
 

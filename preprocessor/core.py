@@ -11,10 +11,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from preprocessor import metrics
-from preprocessor.content import Conversation, Image, PromptPart, Text, TokenIds
+from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.limits import Limits
+from preprocessor.merge import merge_streams
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
@@ -46,6 +48,21 @@ def _inline(parts: Iterable[object], chars: int = 0) -> bool:
         if chars > INLINE_NORMALIZE_CHARS:
             return False
     return True
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's prompts, normalized and ready for the engine (one, or a batch of completions prompts)."""
+
+    endpoint: str  # "chat" / "complete", for the metrics
+    prompts: tuple[Normalized, ...]
+    arrival: float  # time.perf_counter() when the request arrived
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:
+        """Each prompt's token IDs as the engine receives them (FILLER_ID at prompt_embeds positions, as vLLM
+        reports 0 there)."""
+        return [list(n.request.token_ids) for n in self.prompts]
 
 
 class PreprocessorCore:
@@ -98,28 +115,61 @@ class PreprocessorCore:
         return normalize_complete(parts, sampling or SamplingParams(), self._request_id(request_id), self.files,
                                   self.info, self.limits)
 
-    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
-                   ) -> AsyncIterator[GenerationChunk]:
+    async def prepare_chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "") -> Prepared:
+        """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
+        contacted."""
         arrival = time.perf_counter()
-        # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
-        # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
+        # In a thread unless it is short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would
+        # stall every other stream.
         rendered = await self._prerendered(conv)
         kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
         inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
         normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, len(conv.parts(Image)))
+        return Prepared("chat", (normalized,), arrival)
+
+    async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
+                               request_id: str = "") -> Prepared:
+        """Each prompt normalized as its own engine request (request ID `request_id`-i when there are several),
+        all of them before any reaches the engine: one bad prompt refuses the whole request."""
+        arrival = time.perf_counter()
+        if not prompts:
+            raise InvalidArgument("the request has no prompt")
+        if len(prompts) > self.limits.max_prompts:
+            raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
+        embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
+        if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
+            raise InvalidArgument(f"the request has {embeds} prompt_embeds parts; at most "
+                                  f"{self.limits.max_embeds_parts}")
+        rid = self._request_id(request_id)
+        ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
+
+        def normalize_all() -> list[Normalized]:
+            return [self.normalize_complete(p, sampling, i) for p, i in zip(prompts, ids, strict=True)]
+
+        normalized = await inline_or_thread(_inline(p for prompt in prompts for p in prompt), normalize_all)
+        for n in normalized:
+            _record("complete", n, arrival, 0)
+        return Prepared("complete", tuple(normalized), arrival)
+
+    def generate(self, prepared: Prepared) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        """The answers of a prepared request's prompts, side by side: (prompt index, chunk) as each comes."""
+        return merge_streams([self._generate(n, prepared.endpoint, prepared.arrival) for n in prepared.prompts])
+
+    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
+                   ) -> AsyncIterator[GenerationChunk]:
+        prepared = await self.prepare_chat(conv, sampling, request_id)
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
-        async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
-            async for chunk in chunks:
+        async with aclosing(self.generate(prepared)) as chunks:
+            async for _, chunk in chunks:
                 yield chunk
 
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
                        ) -> AsyncIterator[GenerationChunk]:
-        arrival = time.perf_counter()
-        normalized = await inline_or_thread(_inline(parts), self.normalize_complete, parts, sampling, request_id)
-        _record("complete", normalized, arrival, 0)
-        async with aclosing(self._generate(normalized, "complete", arrival)) as chunks:
-            async for chunk in chunks:
+        """One prompt of any parts (the gRPC Complete)."""
+        prepared = await self.prepare_complete([parts], sampling, request_id)
+        async with aclosing(self.generate(prepared)) as chunks:
+            async for _, chunk in chunks:
                 yield chunk
 
     async def _generate(self, normalized: Normalized, endpoint: str, arrival: float) -> AsyncIterator[GenerationChunk]:

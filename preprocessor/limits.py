@@ -17,6 +17,9 @@ class Limits:
     max_images: int = 16  # per request
     max_embeds_bytes: int = 256 * MiB  # per prompt_embeds part, as its dense tensor in the source dtype
     max_embeds_parts: int = 32  # per request
+    # Prompts per request (OpenAI's batch form of /v1/completions): each is its own engine request, so this caps
+    # what one request may queue. vLLM's VLLM_MAX_COMPLETION_PROMPTS is 1024.
+    max_prompts: int = 256
     allowed_media_dir: Path | None = None  # local image paths are refused unless this is set
     # Request chat templates are programs: refused unless trusted, then rendered in killable worker processes.
     trust_request_chat_template: bool = False
@@ -27,7 +30,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_image_bytes", "max_image_pixels", "max_images", "max_embeds_bytes", "max_embeds_parts",
-                     "chat_template_workers", "max_chat_template_bytes"):
+                     "max_prompts", "chat_template_workers", "max_chat_template_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_embeds_parts > MAX_EMBEDS_PARTS:

@@ -31,7 +31,7 @@ from preprocessor.http.schemas import (
     TokenizeChatRequest,
     TokenizeRequest,
 )
-from preprocessor.http.streaming import ClientGone, stream_response, whole_response
+from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from splice.errors import NotFound
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
@@ -73,8 +73,9 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         conv = convert.conversation_from_http(body, fetched)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
         shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
-        chunks = core.chat(conv, sampling, request_id)
+        chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
         return await whole_response(request, chunks, shape)
@@ -83,14 +84,15 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.completion_sampling(body)
-        parts = convert.prompt_from_http(body)
+        prompts = convert.prompts_from_http(body)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id))
         shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage)
-        chunks = core.complete(parts, sampling, request_id)
+        chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape)
+        return await whole_response(request, chunks, shape, len(prompts))
 
     @api.get("/v1/models")
     async def models() -> dict:

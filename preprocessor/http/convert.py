@@ -93,25 +93,25 @@ def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest, fe
     )
 
 
-def prompt_from_http(body: CompletionRequest) -> list[PromptPart]:
-    """prompt_embeds parts first, then the prompt (text or token IDs); an empty text prompt next to
-    embeddings is dropped (the openai SDK requires `prompt`, so vLLM's clients send "")."""
+def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
+    """The request's prompts, one choice each, as vLLM serves them: each prompt_embeds item first, then each
+    prompt (text, token IDs, or OpenAI's list of either). An empty text prompt next to embeddings is dropped (the
+    openai SDK once required `prompt`, so clients send "")."""
     embeds = [body.prompt_embeds] if isinstance(body.prompt_embeds, str) else list(body.prompt_embeds or [])
-    parts: list[PromptPart] = [embeds_from_http(e, Where(None, i)) for i, e in enumerate(embeds)]
+    prompts: list[list[PromptPart]] = [[embeds_from_http(e, Where(None, i, "prompt_embeds"))]
+                                       for i, e in enumerate(embeds)]
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise InvalidArgument(f"prompt holds {len(prompt)} prompts; send one prompt per request")
-        prompt = prompt[0]
-    where = Where(None, len(parts))
     if isinstance(prompt, str):
-        if prompt or not parts:
-            parts.append(Text(prompt, where))
-    elif prompt is not None:
-        parts.append(TokenIds(tuple(prompt), where))
-    if not parts:
+        if prompt or not prompts:
+            prompts.append([Text(prompt, Where(None, 0))])
+    elif prompt and isinstance(prompt[0], int):
+        prompts.append([TokenIds(tuple(prompt), Where(None, 0))])
+    elif prompt:
+        prompts += [[Text(p, Where(None, i)) if isinstance(p, str) else TokenIds(tuple(p), Where(None, i))]
+                    for i, p in enumerate(prompt)]
+    if not prompts:
         raise InvalidArgument("set prompt or prompt_embeds")
-    return parts
+    return prompts
 
 
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides

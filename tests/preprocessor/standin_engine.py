@@ -38,7 +38,8 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
             yield response
 
     async def _reply(self, assembler: RequestAssembler, context):
-        self.requests.append(assembler.finish())
+        request = assembler.finish()
+        self.requests.append(request)
         if self.abort:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.abort)
         try:
@@ -49,7 +50,7 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
                 await asyncio.sleep(self.delay)
             yield engine_pb2.GenerateResponse(
                 finish_reason=common_pb2.FINISH_REASON_LENGTH,
-                usage=common_pb2.Usage(prompt_tokens=self.requests[-1].prompt_len, completion_tokens=i))
+                usage=common_pb2.Usage(prompt_tokens=request.prompt_len, completion_tokens=i))
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
