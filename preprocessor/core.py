@@ -111,9 +111,9 @@ class PreprocessorCore:
                               self.info, self.limits, count_images, render_request or self._render_request)
 
     def normalize_complete(self, parts: Sequence[PromptPart], sampling: SamplingParams | None = None,
-                           request_id: str = "") -> Normalized:
+                           request_id: str = "", add_special_tokens: bool = True) -> Normalized:
         return normalize_complete(parts, sampling or SamplingParams(), self._request_id(request_id), self.files,
-                                  self.info, self.limits)
+                                  self.info, self.limits, add_special_tokens)
 
     async def prepare_chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "") -> Prepared:
         """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
@@ -129,9 +129,10 @@ class PreprocessorCore:
         return Prepared("chat", (normalized,), arrival)
 
     async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
-                               request_id: str = "") -> Prepared:
+                               request_id: str = "", add_special_tokens: bool = True) -> Prepared:
         """Each prompt normalized as its own engine request (request ID `request_id`-i when there are several),
-        all of them before any reaches the engine: one bad prompt refuses the whole request."""
+        all of them before any reaches the engine: one bad prompt refuses the whole request. `add_special_tokens`:
+        text prompts get the tokenizer's special tokens (BOS), vLLM's default (normalize_complete)."""
         arrival = time.perf_counter()
         if not prompts:
             raise InvalidArgument("the request has no prompt")
@@ -145,7 +146,8 @@ class PreprocessorCore:
         ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
 
         def normalize_all() -> list[Normalized]:
-            return [self.normalize_complete(p, sampling, i) for p, i in zip(prompts, ids, strict=True)]
+            return [self.normalize_complete(p, sampling, rid_i, add_special_tokens)
+                    for p, rid_i in zip(prompts, ids, strict=True)]
 
         normalized = await inline_or_thread(_inline(p for prompt in prompts for p in prompt), normalize_all)
         for n in normalized:
@@ -165,9 +167,9 @@ class PreprocessorCore:
                 yield chunk
 
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
-                       ) -> AsyncIterator[GenerationChunk]:
+                       add_special_tokens: bool = True) -> AsyncIterator[GenerationChunk]:
         """One prompt of any parts (the gRPC Complete)."""
-        prepared = await self.prepare_complete([parts], sampling, request_id)
+        prepared = await self.prepare_complete([parts], sampling, request_id, add_special_tokens)
         async with aclosing(self.generate(prepared)) as chunks:
             async for _, chunk in chunks:
                 yield chunk
@@ -194,7 +196,7 @@ class PreprocessorCore:
                               tuple((s.offset, s.length, s.tensor_index) for s in n.request.embed_spans),
                               n.prompt, n.image_token_counts)
 
-    def tokenize_text(self, text: str, add_special_tokens: bool = False) -> TokenizeResult:
+    def tokenize_text(self, text: str, add_special_tokens: bool = True) -> TokenizeResult:
         ids = tokenize_text(text, add_special_tokens, self.files, self.info)
         return TokenizeResult(tuple(ids), (), text, ())
 

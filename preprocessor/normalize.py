@@ -114,7 +114,10 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
 
 
 def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str, files: ModelFiles,
-                       info: ModelInfo, limits: Limits) -> Normalized:
+                       info: ModelInfo, limits: Limits, add_special_tokens: bool = True) -> Normalized:
+    """`add_special_tokens`: a prompt that starts with text gets the tokenizer's special tokens (BOS) there, as
+    vLLM's completions do by default; token IDs and prompt embeddings are used as given, and text after another
+    part never gets any (it continues the prompt)."""
     if not parts:
         raise InvalidArgument("prompt is empty")
     embeds = [p for p in parts if isinstance(p, Embeds)]
@@ -124,13 +127,13 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     ids: list[int] = []
     rows: list[torch.Tensor] = []
     spans: list[Span] = []
-    for p in parts:
+    for k, p in enumerate(parts):
         if isinstance(p, TokenIds):
             check_ids(p.ids, info, p.where)
             ids.extend(p.ids)
         elif isinstance(p, Text):
             files.check_text(p.text, p.where)
-            ids.extend(files.tokenizer(p.text, add_special_tokens=False)["input_ids"])
+            ids.extend(files.tokenizer(p.text, add_special_tokens=add_special_tokens and k == 0)["input_ids"])
         else:
             r = decode_embeds(p, info, limits)  # [n, hidden]
             spans.append(Span(len(ids), r.shape[0], len(rows)))

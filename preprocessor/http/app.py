@@ -87,7 +87,8 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         prompts = convert.prompts_from_http(body)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id))
+        prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
+                                                                           body.add_special_tokens))
         shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage)
         chunks = core.generate(prepared)
         if body.stream:

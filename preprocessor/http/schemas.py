@@ -144,6 +144,8 @@ class CompletionRequest(GenerationFields):
     logprobs: Count | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
     echo: bool = False
     suffix: str | None = None
+    # vLLM's default: text prompts get the tokenizer's special tokens (BOS); token IDs and embeddings never do
+    add_special_tokens: bool = True
 
 
 class TokenizeCompletionRequest(_Request):
