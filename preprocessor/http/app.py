@@ -69,12 +69,15 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.chat_sampling(body)
+        convert.check_served(body)
         fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
         conv = convert.conversation_from_http(body, fetched)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
-        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
+        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage,
+                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                          role=convert.answer_role(body), echo=convert.echoed(body))
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
@@ -84,12 +87,14 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.completion_sampling(body)
+        convert.check_served(body)
         prompts = convert.prompts_from_http(body)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
-        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage)
+        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage,
+                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)

@@ -20,6 +20,7 @@ from preprocessor.http.schemas import (
     GenerationFields,
     ImageUrlPart,
     PromptEmbedsPart,
+    TextPart,
     TokenizeChatRequest,
 )
 from splice.errors import InvalidArgument
@@ -84,13 +85,44 @@ def remote_images(messages: list[ChatMessage]) -> list[tuple[Where, str]]:
     return out
 
 
+def template_kwargs_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+    """chat_template_kwargs, then the request's own template arguments where set (vLLM's merge: those win):
+    `documents`, and `reasoning_effort` (which also turns thinking on or off unless chat_template_kwargs says)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.documents is not None:
+        kwargs["documents"] = body.documents
+    if body.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = body.reasoning_effort
+        kwargs.setdefault("enable_thinking", body.reasoning_effort != "none")
+    return kwargs
+
+
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest, fetched: Fetched) -> Conversation:
     return Conversation(
         messages=tuple(message_from_http(m, i, fetched) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
+        template_kwargs=template_kwargs_from_http(body),
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=body.add_special_tokens,
+        mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),
     )
+
+
+def answer_role(body: ChatCompletionRequest) -> str:
+    """vLLM's: the assistant's, or with no generation prompt the last message's (the answer continues it)."""
+    return "assistant" if body.add_generation_prompt else body.messages[-1].role
+
+
+def echoed(body: ChatCompletionRequest) -> str:
+    """`echo`: the last message's text when it has the answer's role (its text parts joined by newlines, as
+    vLLM's), which the answer then starts with; "" otherwise."""
+    last = body.messages[-1] if body.messages else None
+    if not body.echo or last is None or last.role != answer_role(body):
+        return ""
+    if last.content is None or isinstance(last.content, str):
+        return last.content or ""
+    return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
 
 
 def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
@@ -168,3 +200,42 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
         raise InvalidArgument(f"logprobs must be 0 or 1: only the chosen token's logprob is reported, got "
                               f"{body.logprobs}")
     return _common(body, body.max_tokens, body.logprobs is not None)
+
+
+# vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not
+# implement: field -> the values (besides unset and null) that leave it off. Any other value is refused, naming
+# the field, rather than the request served without it. Fields with no effect on what is served pass: `user`
+# (vLLM ignores it too), `session_id` (routing), and without tools or a reasoning parser `parallel_tool_calls`
+# and `include_reasoning` (vLLM's have no effect either). Listed against vLLM's own field lists by
+# tests/preprocessor/test_vllm_fields.py.
+NOT_SERVED: dict[str, tuple[Any, ...]] = {
+    "cache_salt": (),  # until the prefix cache honours it
+    "priority": (0,),
+    "logprob_token_ids": (),
+    "thinking_token_budget": (),
+    "repetition_detection": (),
+    "media_io_kwargs": ({},),
+    "truncation_side": (),
+    "watermarking": (False,),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_offsets": (False,),
+    "return_prompt_text": (False,),
+    "return_weight_versions": (False,),
+    "return_mm_kwargs": (False,),
+    "mm_payload": ("tensors",),
+    "routed_experts_prompt_start": (0,),
+    "kv_transfer_params": (),
+    "ec_transfer_params": (),
+    "vllm_xargs": ({},),
+    "stream_interval": (),
+}
+
+
+def check_served(body: GenerationFields) -> None:
+    """Refuses a NOT_SERVED field that asks for something (InvalidArgument naming it)."""
+    extra = body.model_extra or {}
+    for name, off in NOT_SERVED.items():
+        value = extra.get(name)
+        if value is not None and value not in off:
+            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
+            raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
