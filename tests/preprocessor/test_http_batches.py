@@ -4,6 +4,7 @@ order, streamed chunks carry their choice's index, and usage sums over the choic
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -104,3 +105,20 @@ async def test_one_bad_prompt_refuses_the_batch_before_any_reaches_the_engine(ti
         r = await face.http.post("/v1/completions", json={"prompt_embeds": ["not base64!"], "prompt": "x"})
         assert r.status_code == 400 and "prompt_embeds[0]" in r.json()["error"]["message"]
         assert face.engine.requests == []
+
+
+async def test_a_client_that_goes_away_aborts_every_prompt_of_its_batch(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, MODEL, forever=True, delay=0.01) as face:
+        body = {"prompt": ["Once upon", "a time"], "max_tokens": 10_000, "stream": True, "request_id": "gone"}
+        seen: set[int] = set()
+        async with face.http.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    seen.add(json.loads(line.removeprefix("data: "))["choices"][0]["index"])
+                if seen == {0, 1}:
+                    break
+        engine = face.engine
+        while len(engine.cancelled_ids) < 2:
+            await asyncio.wait_for(engine.cancelled.wait(), 10)
+            engine.cancelled.clear()
+        assert sorted(engine.cancelled_ids) == ["gone-0", "gone-1"]
