@@ -54,7 +54,7 @@ class AsyncSpliceClient:
         return self._generate(self._stub.Complete, complete_request, prompt, **kwargs)
 
     async def tokenize(self, messages: Iterable[Any] | None = None, *, text: str | None = None,
-                       add_special_tokens: bool = False, **kwargs: Any) -> Tokenized:
+                       add_special_tokens: bool | None = None, **kwargs: Any) -> Tokenized:
         req = tokenize_request(messages, text=text, add_special_tokens=add_special_tokens, **kwargs)
         return tokenized_from_pb(await self._unary(self._stub.Tokenize, req))
 

@@ -64,8 +64,9 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
 
 @_client_errors
 def complete_request(prompt: Iterable[Any], *, request_id: str = "", deferred: list[torch.Tensor] | None = None,
-                     **sampling: Any) -> pp.CompleteRequest:
-    """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings)."""
+                     add_special_tokens: bool | None = None, **sampling: Any) -> pp.CompleteRequest:
+    """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings). `add_special_tokens`:
+    a prompt starting with text gets the tokenizer's BOS there; None: the server's default (yes, as vLLM)."""
     parts = []
     for item in prompt:
         if isinstance(item, str):
@@ -83,7 +84,10 @@ def complete_request(prompt: Iterable[Any], *, request_id: str = "", deferred: l
                             "part (images need Chat)")
         else:
             parts.append(pp.PromptPart(prompt_embeds=declared_embeds(item, deferred)))
-    return pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
+    req = pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
+    if add_special_tokens is not None:
+        req.add_special_tokens = add_special_tokens
+    return req
 
 
 def generation_call(build: Callable[..., pp.ChatRequest | pp.CompleteRequest], items: Iterable[Any],
@@ -106,10 +110,14 @@ def upload_parts(request: pp.ChatRequest | pp.CompleteRequest, tensors: list[tor
 
 
 @_client_errors
-def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None, add_special_tokens: bool = False,
-                     **kwargs: Any) -> pp.TokenizeRequest:
+def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None,
+                     add_special_tokens: bool | None = None, **kwargs: Any) -> pp.TokenizeRequest:
+    """`add_special_tokens` (for `text`): None = the server's default (yes, as Complete)."""
     if text is not None:
-        return pp.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        req = pp.TokenizeRequest(text=text)
+        if add_special_tokens is not None:
+            req.add_special_tokens = add_special_tokens
+        return req
     return pp.TokenizeRequest(chat=chat_request(messages or [], **kwargs))
 
 

@@ -61,7 +61,7 @@ class SpliceClient:
         return self._generate(self._stub.Complete, complete_request, prompt, **kwargs)
 
     def tokenize(self, messages: Iterable[Any] | None = None, *, text: str | None = None,
-                 add_special_tokens: bool = False, **kwargs: Any) -> Tokenized:
+                 add_special_tokens: bool | None = None, **kwargs: Any) -> Tokenized:
         req = tokenize_request(messages, text=text, add_special_tokens=add_special_tokens, **kwargs)
         return tokenized_from_pb(self._unary(self._stub.Tokenize, req))
 

@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "counts in --max-inflight-request-bytes (default: %(default)s = 4 x 4096 x 4096)")
     parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
+    parser.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts,
+                        help="prompts in one /v1/completions request (each is its own engine request)")
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker "
                              "processes killed after --chat-template-timeout")
@@ -105,8 +107,8 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
                   max_image_side=args.max_image_side, max_image_aspect_ratio=args.max_image_aspect_ratio,
                   max_images=args.max_images, max_request_image_pixels=args.max_request_image_pixels,
-                  max_embeds_bytes=args.max_embeds_bytes,
-                  max_embeds_parts=args.max_embeds_parts, allowed_media_dir=args.allowed_media_dir,
+                  max_embeds_bytes=args.max_embeds_bytes, max_embeds_parts=args.max_embeds_parts,
+                  max_prompts=args.max_prompts, allowed_media_dir=args.allowed_media_dir,
                   trust_request_chat_template=args.trust_request_chat_template,
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,
                   upload_idle_timeout=args.upload_idle_timeout)

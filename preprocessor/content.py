@@ -21,11 +21,12 @@ class Where:
     """Location of a part in the request, for error messages."""
 
     message: int | None  # index in ChatRequest.messages; None for Complete prompts
-    part: int  # index in the message's content (or in CompleteRequest.prompt)
+    part: int  # index in the message's content (or in CompleteRequest.prompt, or in `field`)
+    field: str = "prompt"  # for Complete prompts: the request field holding it (HTTP: "prompt_embeds" too)
 
     def __str__(self) -> str:
         if self.message is None:
-            return f"prompt[{self.part}]"
+            return f"{self.field}[{self.part}]"
         return f"messages[{self.message}].content[{self.part}]"
 
 
@@ -97,10 +98,19 @@ class Conversation:
     add_generation_prompt: bool = True
     chat_template: str | None = None  # overrides the model's template
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The final message is left open for the answer to continue it (HF's apply_chat_template argument).
+    continue_final_message: bool = False
+    # The tokenizer's special tokens on top of what the template wrote (vLLM's chat add_special_tokens).
+    add_special_tokens: bool = False
+    # Arguments of the model's image processor (vLLM's mm_processor_kwargs), checked by mm_kwargs.py.
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.messages:
             raise InvalidArgument("messages is empty")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidArgument("continue_final_message and add_generation_prompt cannot both be true: the "
+                                  "answer either continues the final message or starts a new one")
 
     def parts(self, kind: type) -> list:
         return [p for m in self.messages for p in m.parts if isinstance(p, kind)]

@@ -87,3 +87,8 @@ def prompt_from_pb(pb: preprocessor_pb2.CompleteRequest, streamed: Streamed | No
         else:
             raise InvalidArgument(f"{where}: prompt part has no kind; set token_ids, text or prompt_embeds")
     return out
+
+
+def add_special_tokens_from_pb(pb: preprocessor_pb2.CompleteRequest | preprocessor_pb2.TokenizeRequest) -> bool:
+    """Unset = true: vLLM's default for completions and /tokenize."""
+    return pb.add_special_tokens if pb.HasField("add_special_tokens") else True

@@ -11,10 +11,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from preprocessor import metrics
-from preprocessor.content import Conversation, Image, PromptPart, Text, TokenIds
+from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.limits import Limits
+from preprocessor.merge import merge_streams
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
@@ -47,6 +49,21 @@ def _inline(parts: Iterable[object], chars: int = 0) -> bool:
         if chars > INLINE_NORMALIZE_CHARS:
             return False
     return True
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's prompts, normalized and ready for the engine (one, or a batch of completions prompts)."""
+
+    endpoint: str  # "chat" / "complete", for the metrics
+    prompts: tuple[Normalized, ...]
+    arrival: float  # time.perf_counter() when the request arrived
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:
+        """Each prompt's token IDs as the engine receives them (FILLER_ID at prompt_embeds positions, as vLLM
+        reports 0 there)."""
+        return [list(n.request.token_ids) for n in self.prompts]
 
 
 class PreprocessorCore:
@@ -100,12 +117,13 @@ class PreprocessorCore:
                               self.info, self.limits, count_images, render_request or self._render_request)
 
     def normalize_complete(self, parts: Sequence[PromptPart], sampling: SamplingParams | None = None,
-                           request_id: str = "") -> Normalized:
+                           request_id: str = "", add_special_tokens: bool = True) -> Normalized:
         return normalize_complete(parts, sampling or SamplingParams(), self._request_id(request_id), self.files,
-                                  self.info, self.limits)
+                                  self.info, self.limits, add_special_tokens)
 
-    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
-                   ) -> AsyncIterator[GenerationChunk]:
+    async def prepare_chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "") -> Prepared:
+        """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
+        contacted."""
         arrival = time.perf_counter()
         self.check_conversation(conv)
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
@@ -115,19 +133,54 @@ class PreprocessorCore:
         inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
         normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, len(conv.parts(Image)))
+        return Prepared("chat", (normalized,), arrival)
+
+    async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
+                               request_id: str = "", add_special_tokens: bool = True) -> Prepared:
+        """Each prompt normalized as its own engine request (request ID `request_id`-i when there are several),
+        all of them before any reaches the engine: one bad prompt refuses the whole request. `add_special_tokens`:
+        text prompts get the tokenizer's special tokens (BOS), vLLM's default (normalize_complete)."""
+        arrival = time.perf_counter()
+        if not prompts:
+            raise InvalidArgument("the request has no prompt")
+        if len(prompts) > self.limits.max_prompts:
+            raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
+        for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
+            check_prompt(prompt, self.info, self.files, self.limits)
+        embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
+        if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
+            raise InvalidArgument(f"the request has {embeds} prompt_embeds parts; at most "
+                                  f"{self.limits.max_embeds_parts}")
+        rid = self._request_id(request_id)
+        ids = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
+
+        def normalize_all() -> list[Normalized]:
+            return [self.normalize_complete(p, sampling, rid_i, add_special_tokens)
+                    for p, rid_i in zip(prompts, ids, strict=True)]
+
+        normalized = await inline_or_thread(_inline(p for prompt in prompts for p in prompt), normalize_all)
+        for n in normalized:
+            _record("complete", n, arrival, 0)
+        return Prepared("complete", tuple(normalized), arrival)
+
+    def generate(self, prepared: Prepared) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        """The answers of a prepared request's prompts, side by side: (prompt index, chunk) as each comes."""
+        return merge_streams([self._generate(n, prepared.endpoint, prepared.arrival) for n in prepared.prompts])
+
+    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
+                   ) -> AsyncIterator[GenerationChunk]:
+        prepared = await self.prepare_chat(conv, sampling, request_id)
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
-        async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
-            async for chunk in chunks:
+        async with aclosing(self.generate(prepared)) as chunks:
+            async for _, chunk in chunks:
                 yield chunk
 
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
-                       ) -> AsyncIterator[GenerationChunk]:
-        arrival = time.perf_counter()
-        check_prompt(parts, self.info, self.files, self.limits)
-        normalized = await inline_or_thread(_inline(parts), self.normalize_complete, parts, sampling, request_id)
-        _record("complete", normalized, arrival, 0)
-        async with aclosing(self._generate(normalized, "complete", arrival)) as chunks:
-            async for chunk in chunks:
+                       add_special_tokens: bool = True) -> AsyncIterator[GenerationChunk]:
+        """One prompt of any parts (the gRPC Complete)."""
+        prepared = await self.prepare_complete([parts], sampling, request_id, add_special_tokens)
+        async with aclosing(self.generate(prepared)) as chunks:
+            async for _, chunk in chunks:
                 yield chunk
 
     async def _generate(self, normalized: Normalized, endpoint: str, arrival: float) -> AsyncIterator[GenerationChunk]:
@@ -153,7 +206,7 @@ class PreprocessorCore:
                               tuple((s.offset, s.length, s.tensor_index) for s in n.request.embed_spans),
                               n.prompt, n.image_token_counts)
 
-    def tokenize_text(self, text: str, add_special_tokens: bool = False) -> TokenizeResult:
+    def tokenize_text(self, text: str, add_special_tokens: bool = True) -> TokenizeResult:
         check_text(text, self.info, self.files)
         ids = tokenize_text(text, add_special_tokens, self.files, self.info)
         return TokenizeResult(tuple(ids), (), text, ())

@@ -20,6 +20,9 @@ class Limits:
     max_request_image_pixels: int = 4 * 4096 * 4096  # a request's images together, from their headers
     max_embeds_bytes: int = 256 * MiB  # per prompt_embeds part, as its dense tensor in the source dtype
     max_embeds_parts: int = 32  # per request
+    # Prompts per request (OpenAI's batch form of /v1/completions): each is its own engine request, so this caps
+    # what one request may queue. vLLM's VLLM_MAX_COMPLETION_PROMPTS is 1024.
+    max_prompts: int = 256
     allowed_media_dir: Path | None = None  # local image paths are refused unless this is set
     # Request chat templates are programs: refused unless trusted, then rendered in killable worker processes.
     trust_request_chat_template: bool = False
@@ -30,8 +33,8 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_image_bytes", "max_image_pixels", "max_image_side", "max_image_aspect_ratio", "max_images",
-                     "max_request_image_pixels", "max_embeds_bytes", "max_embeds_parts", "chat_template_workers",
-                     "max_chat_template_bytes"):
+                     "max_request_image_pixels", "max_embeds_bytes", "max_embeds_parts", "max_prompts",
+                     "chat_template_workers", "max_chat_template_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_embeds_parts > MAX_EMBEDS_PARTS:

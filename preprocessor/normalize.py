@@ -18,6 +18,7 @@ from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, 
 from preprocessor.embeds import decode_embeds
 from preprocessor.images import decode_image, image_cost, open_image
 from preprocessor.limits import Limits
+from preprocessor.mm_kwargs import processor_kwargs
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
 from preprocessor.template import RenderJob, check_template_policy, render, request_job
@@ -107,11 +108,12 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
         raise RuntimeError("a request chat template needs render_request")
     else:
         prompt = render_request(request_job(files.tokenizer, conv, files.image_placeholder, files.sentinels))
-    ids, model_inputs = _tokenize(prompt, pictures, files)
+    mm_kwargs = processor_kwargs(conv.mm_processor_kwargs, files)
+    ids, model_inputs = _tokenize(prompt, pictures, files, conv.add_special_tokens, mm_kwargs)
     if pictures and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
                                  f"{info.image_token_id}: the preprocessor's --model does not match the engine")
-    counts = _image_token_counts(ids, pictures, info, files) if count_images else ()
+    counts = _image_token_counts(ids, pictures, info, files, mm_kwargs) if count_images else ()
     # Part k's span is where sentinel k expands, wherever the template put it.
     spliced = files.sentinels.splice(ids, [r.shape[0] for r in rows], [p.where for p in embeds])
     return _finish(spliced.ids, spliced.spans, rows, model_inputs, prompt, counts, tuple(spliced.expanded), sampling,
@@ -119,7 +121,10 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
 
 
 def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str, files: ModelFiles,
-                       info: ModelInfo, limits: Limits) -> Normalized:
+                       info: ModelInfo, limits: Limits, add_special_tokens: bool = True) -> Normalized:
+    """`add_special_tokens`: a prompt that starts with text gets the tokenizer's special tokens (BOS) there, as
+    vLLM's completions do by default; token IDs and prompt embeddings are used as given, and text after another
+    part never gets any (it continues the prompt)."""
     if not parts:
         raise InvalidArgument("prompt is empty")
     embeds = [p for p in parts if isinstance(p, Embeds)]
@@ -129,13 +134,13 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     ids: list[int] = []
     rows: list[torch.Tensor] = []
     spans: list[Span] = []
-    for p in parts:
+    for k, p in enumerate(parts):
         if isinstance(p, TokenIds):
             check_ids(p.ids, info, p.where)
             ids.extend(p.ids)
         elif isinstance(p, Text):
             files.check_text(p.text, p.where)
-            ids.extend(files.tokenizer(p.text, add_special_tokens=False)["input_ids"])
+            ids.extend(files.tokenizer(p.text, add_special_tokens=add_special_tokens and k == 0)["input_ids"])
         else:
             r = decode_embeds(p, info, limits)  # [n, hidden]
             spans.append(Span(len(ids), r.shape[0], len(rows)))
@@ -164,13 +169,17 @@ def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: 
     return ids
 
 
-def _tokenize(prompt: str, pictures: list, files: ModelFiles) -> tuple[list[int], dict[str, torch.Tensor]]:
+def _tokenize(prompt: str, pictures: list, files: ModelFiles, add_special_tokens: bool = False,
+              mm_kwargs: dict[str, Any] | None = None) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """`add_special_tokens`: the tokenizer's special tokens on top of the template's (vLLM's chat field)."""
     tok = files.tokenizer
     if files.processor is None:
         # As tokenizer.apply_chat_template(tokenize=True): the template writes any BOS itself.
-        return tok(prompt, add_special_tokens=False)["input_ids"], {}
-    kwargs = {}
-    if tok.bos_token is not None and prompt.startswith(tok.bos_token):
+        return tok(prompt, add_special_tokens=add_special_tokens)["input_ids"], {}
+    kwargs: dict[str, Any] = dict(mm_kwargs or {}) if pictures else {}
+    if add_special_tokens:
+        kwargs["add_special_tokens"] = True
+    elif tok.bos_token is not None and prompt.startswith(tok.bos_token):
         kwargs["add_special_tokens"] = False  # as processor.apply_chat_template: no second BOS
     try:
         out = files.processor(text=prompt, images=pictures or None, return_tensors="pt", **kwargs)
@@ -181,7 +190,8 @@ def _tokenize(prompt: str, pictures: list, files: ModelFiles) -> tuple[list[int]
     return ids[0].tolist(), tensors
 
 
-def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: ModelFiles) -> tuple[int, ...]:
+def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: ModelFiles,
+                        mm_kwargs: dict[str, Any] | None = None) -> tuple[int, ...]:
     """Image-token positions per image: by contiguous runs when there is one run per image (LLaVA),
     else by asking the processor for each image alone (tiled layouts split one image into many runs)."""
     if not pictures or info.image_token_id is None:
@@ -199,7 +209,8 @@ def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: 
         return tuple(runs)
     counts = []
     for pic in pictures:
-        alone = files.processor(text=files.image_placeholder, images=[pic], return_tensors="pt")["input_ids"]
+        alone = files.processor(text=files.image_placeholder, images=[pic], return_tensors="pt",
+                                **(mm_kwargs or {}))["input_ids"]
         counts.append(int((alone == info.image_token_id).sum()))
     if sum(counts) != sum(runs):
         raise InvalidArgument(f"image tokens in the prompt ({sum(runs)}) do not match the processor's per-image "

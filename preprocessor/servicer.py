@@ -9,7 +9,7 @@ from contextlib import aclosing
 import grpc
 
 from preprocessor.admission import Admission, Ticket
-from preprocessor.convert import conversation_from_pb, prompt_from_pb
+from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
 from preprocessor.request_bounds import check_counts_only
 from preprocessor.upload import UploadAssembler
@@ -60,7 +60,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         core = self._core()
         parts = prompt_from_pb(request)
         sampling = SamplingParams.from_pb(request.sampling)
-        async with aclosing(core.complete(parts, sampling, request.request_id)) as chunks:
+        async with aclosing(core.complete(parts, sampling, request.request_id,
+                                          add_special_tokens_from_pb(request))) as chunks:
             async for chunk in chunks:
                 yield chunk.to_pb()
 
@@ -90,7 +91,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             if isinstance(request, preprocessor_pb2.ChatRequest):
                 chunks = core.chat(_conversation(core, request, streamed), sampling, request.request_id)
             else:
-                chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id)
+                chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id,
+                                       add_special_tokens_from_pb(request))
             async with aclosing(chunks) as chunks:
                 async for chunk in chunks:
                     yield chunk.to_pb()
@@ -105,7 +107,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         if kind == "chat":
             return (await core.tokenize_chat(_conversation(core, request.chat))).to_pb()
         if kind == "text":  # in a thread: long texts would stall every stream
-            result = await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens)
+            result = await asyncio.to_thread(core.tokenize_text, request.text, add_special_tokens_from_pb(request))
             return result.to_pb()
         raise InvalidArgument("TokenizeRequest has no input; set chat or text")
 
@@ -118,3 +120,4 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         return self._core().model_info().to_pb()
+

@@ -113,6 +113,7 @@ class RenderJob:
     messages: dict[str, Any]  # content format ("string" / "openai") -> the messages in that format
     add_generation_prompt: bool
     variables: dict[str, Any]  # the tokenizer's special tokens, then the caller's chat_template_kwargs
+    continue_final_message: bool = False
 
 
 TRUST_FLAG = "--trust-request-chat-template"
@@ -154,6 +155,7 @@ def render(tokenizer, template: str | None, conv: Conversation, image_placeholde
     try:
         prompt = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                add_generation_prompt=conv.add_generation_prompt,
+                                               continue_final_message=conv.continue_final_message,
                                                **conv.template_kwargs)
     except jinja2.TemplateError as exc:
         # Templates signal bad conversations with raise_exception(...), e.g. roles out of order.
@@ -177,4 +179,4 @@ def request_job(tokenizer, conv: Conversation, image_placeholder: str | None, se
         except FailedPrecondition as exc:
             messages[fmt] = exc.message
     return RenderJob(conv.chat_template or "", messages, conv.add_generation_prompt,
-                     {**tokenizer.special_tokens_map, **conv.template_kwargs})
+                     {**tokenizer.special_tokens_map, **conv.template_kwargs}, conv.continue_final_message)

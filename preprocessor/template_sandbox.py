@@ -365,7 +365,9 @@ def _answer(job: dict[str, Any]) -> dict[str, Any]:
         if isinstance(messages, str):  # the conversation cannot take this format: the reason
             return {"code": "FAILED_PRECONDITION", "message": messages}
         rendered, _ = render_jinja_template(conversations=[messages], chat_template=job["template"],
-                                            add_generation_prompt=job["add_generation_prompt"], **job["variables"])
+                                            add_generation_prompt=job["add_generation_prompt"],
+                                            continue_final_message=job["continue_final_message"],
+                                            **job["variables"])
     except SpliceError as exc:
         return {"code": exc.code, "message": exc.message}
     except (jinja2.TemplateError, ValueError, TypeError, MemoryError, RecursionError) as exc:

@@ -60,6 +60,7 @@ TINY_MODELS: dict[str, TinyModel] = {
     m.name: m
     for m in (
         TinyModel("tiny-text", "text", text.build_text),
+        TinyModel("tiny-text-bos", "text", text.build_text_bos),  # its tokenizer adds a BOS (Llama 3, Gemma)
         TinyModel("tiny-llava", "llava", llava.build_llava),
         TinyModel("tiny-idefics3", "idefics3", idefics3.build_idefics3),
         TinyModel("tiny-idefics3-colors", "idefics3", idefics3.build_idefics3_colors, trained=True),

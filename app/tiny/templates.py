@@ -13,6 +13,9 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Llama 3 style: the template writes the BOS itself (its tokenizer also adds one to plain text), ChatML turns.
+BOS_CHATML = "{{ bos_token }}" + CHATML
+
 # llava-1.5 style: "USER: <image>\n... ASSISTANT:", list content.
 LLAVA = (
     "{% for message in messages %}"

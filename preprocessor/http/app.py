@@ -33,7 +33,7 @@ from preprocessor.http.schemas import (
     TokenizeChatRequest,
     TokenizeRequest,
 )
-from preprocessor.http.streaming import ClientGone, stream_response, whole_response
+from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from preprocessor.request_bounds import check_counts_only
 from splice.errors import NotFound
 
@@ -94,11 +94,15 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.chat_sampling(body)
+        convert.check_served(body)
         conv = await _conversation(core, body, options)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
-        chunks = core.chat(conv, sampling, request_id)
+        prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
+        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage,
+                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                          role=convert.answer_role(body), echo=convert.echoed(body))
+        chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
         return await whole_response(request, chunks, shape)
@@ -107,14 +111,18 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.completion_sampling(body)
-        parts = convert.prompt_from_http(body)
+        convert.check_served(body)
+        prompts = convert.prompts_from_http(body)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage)
-        chunks = core.complete(parts, sampling, request_id)
+        prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
+                                                                           body.add_special_tokens))
+        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage,
+                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None)
+        chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape)
+        return await whole_response(request, chunks, shape, len(prompts))
 
     @api.get("/v1/models")
     async def models() -> dict:

@@ -20,6 +20,7 @@ from preprocessor.http.schemas import (
     GenerationFields,
     ImageUrlPart,
     PromptEmbedsPart,
+    TextPart,
     TokenizeChatRequest,
 )
 from splice.errors import InvalidArgument
@@ -73,34 +74,65 @@ def message_from_http(msg: ChatMessage, index: int) -> Message:
     return Message(msg.role, parts, False, index)
 
 
+def template_kwargs_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+    """chat_template_kwargs, then the request's own template arguments where set (vLLM's merge: those win):
+    `documents`, and `reasoning_effort` (which also turns thinking on or off unless chat_template_kwargs says)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.documents is not None:
+        kwargs["documents"] = body.documents
+    if body.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = body.reasoning_effort
+        kwargs.setdefault("enable_thinking", body.reasoning_effort != "none")
+    return kwargs
+
+
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
     return Conversation(
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
+        template_kwargs=template_kwargs_from_http(body),
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=body.add_special_tokens,
+        mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),
     )
 
 
-def prompt_from_http(body: CompletionRequest) -> list[PromptPart]:
-    """prompt_embeds parts first, then the prompt (text or token IDs); an empty text prompt next to
-    embeddings is dropped (the openai SDK requires `prompt`, so vLLM's clients send "")."""
+def answer_role(body: ChatCompletionRequest) -> str:
+    """vLLM's: the assistant's, or with no generation prompt the last message's (the answer continues it)."""
+    return "assistant" if body.add_generation_prompt else body.messages[-1].role
+
+
+def echoed(body: ChatCompletionRequest) -> str:
+    """`echo`: the last message's text when it has the answer's role (its text parts joined by newlines, as
+    vLLM's), which the answer then starts with; "" otherwise."""
+    last = body.messages[-1] if body.messages else None
+    if not body.echo or last is None or last.role != answer_role(body):
+        return ""
+    if last.content is None or isinstance(last.content, str):
+        return last.content or ""
+    return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
+
+
+def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
+    """The request's prompts, one choice each, as vLLM serves them: each prompt_embeds item first, then each
+    prompt (text, token IDs, or OpenAI's list of either). An empty text prompt next to embeddings is dropped (the
+    openai SDK once required `prompt`, so clients send "")."""
     embeds = [body.prompt_embeds] if isinstance(body.prompt_embeds, str) else list(body.prompt_embeds or [])
-    parts: list[PromptPart] = [embeds_from_http(e, Where(None, i)) for i, e in enumerate(embeds)]
+    prompts: list[list[PromptPart]] = [[embeds_from_http(e, Where(None, i, "prompt_embeds"))]
+                                       for i, e in enumerate(embeds)]
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise InvalidArgument(f"prompt holds {len(prompt)} prompts; send one prompt per request")
-        prompt = prompt[0]
-    where = Where(None, len(parts))
     if isinstance(prompt, str):
-        if prompt or not parts:
-            parts.append(Text(prompt, where))
-    elif prompt is not None:
-        parts.append(TokenIds(tuple(prompt), where))
-    if not parts:
+        if prompt or not prompts:
+            prompts.append([Text(prompt, Where(None, 0))])
+    elif prompt and isinstance(prompt[0], int):
+        prompts.append([TokenIds(tuple(prompt), Where(None, 0))])
+    elif prompt:
+        prompts += [[Text(p, Where(None, i)) if isinstance(p, str) else TokenIds(tuple(p), Where(None, i))]
+                    for i, p in enumerate(prompt)]
+    if not prompts:
         raise InvalidArgument("set prompt or prompt_embeds")
-    return parts
+    return prompts
 
 
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
@@ -157,3 +189,42 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
         raise InvalidArgument(f"logprobs must be 0 or 1: only the chosen token's logprob is reported, got "
                               f"{body.logprobs}")
     return _common(body, body.max_tokens, body.logprobs is not None)
+
+
+# vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not
+# implement: field -> the values (besides unset and null) that leave it off. Any other value is refused, naming
+# the field, rather than the request served without it. Fields with no effect on what is served pass: `user`
+# (vLLM ignores it too), `session_id` (routing), and without tools or a reasoning parser `parallel_tool_calls`
+# and `include_reasoning` (vLLM's have no effect either). Listed against vLLM's own field lists by
+# tests/preprocessor/test_vllm_fields.py.
+NOT_SERVED: dict[str, tuple[Any, ...]] = {
+    "cache_salt": (),  # until the prefix cache honours it
+    "priority": (0,),
+    "logprob_token_ids": (),
+    "thinking_token_budget": (),
+    "repetition_detection": (),
+    "media_io_kwargs": ({},),
+    "truncation_side": (),
+    "watermarking": (False,),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_offsets": (False,),
+    "return_prompt_text": (False,),
+    "return_weight_versions": (False,),
+    "return_mm_kwargs": (False,),
+    "mm_payload": ("tensors",),
+    "routed_experts_prompt_start": (0,),
+    "kv_transfer_params": (),
+    "ec_transfer_params": (),
+    "vllm_xargs": ({},),
+    "stream_interval": (),
+}
+
+
+def check_served(body: GenerationFields) -> None:
+    """Refuses a NOT_SERVED field that asks for something (InvalidArgument naming it)."""
+    extra = body.model_extra or {}
+    for name, off in NOT_SERVED.items():
+        value = extra.get(name)
+        if value is not None and value not in off:
+            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
+            raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")

@@ -24,9 +24,17 @@ def usage_json(usage: Usage | None) -> dict | None:
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
 
 
+def total_usage(usages: Sequence[Usage | None]) -> Usage | None:
+    """A request's usage: the sum over its choices, as vLLM reports a batch (None when no choice reported one)."""
+    known = [u for u in usages if u is not None]
+    if not known:
+        return None
+    return Usage(sum(u.prompt_tokens for u in known), sum(u.completion_tokens for u in known))
+
+
 @dataclass
 class Collected:
-    """A whole answer, joined from its chunks (the non-streamed response)."""
+    """One choice's whole answer, joined from its chunks (the non-streamed response)."""
 
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -42,12 +50,17 @@ class Collected:
 
 @dataclass
 class Shape:
+    """A request's choices are numbered in prompt order (index i: the request's i-th prompt), as vLLM's."""
+
     request_id: str
     model: str
     token_texts: TokenTexts
     logprobs: bool = False
     include_usage: bool = False  # stream_options.include_usage
     created: int = field(default_factory=lambda: int(time.time()))
+    # return_token_ids: each choice's prompt IDs as the engine got them (then each chunk carries its token IDs)
+    prompt_ids: Sequence[Sequence[int]] | None = None
+    _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
 
     id_prefix = "cmpl-"
     object_name = "text_completion"
@@ -57,30 +70,48 @@ class Shape:
     def id(self) -> str:
         return self.id_prefix + self.request_id
 
+    @property
+    def return_token_ids(self) -> bool:
+        return self.prompt_ids is not None
+
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def response(self, c: Collected) -> dict:
-        last = c.last
-        choice = self._whole_choice("".join(c.text), c.token_ids, c.logprobs)
-        choice.update(finish_reason=_reason(last), stop_reason=(last.stop_reason or None) if last else None)
-        body = self._envelope(self.object_name, [choice])
-        body["usage"] = usage_json(last.usage if last else None)
+    def response(self, collected: Sequence[Collected]) -> dict:
+        choices = []
+        for i, c in enumerate(collected):
+            last = c.last
+            choice = self._whole_choice(i, "".join(c.text), c.token_ids, c.logprobs)
+            choice.update(finish_reason=_reason(last), stop_reason=(last.stop_reason or None) if last else None)
+            choices.append(choice)
+        body = self._envelope(self.object_name, choices)
+        body["usage"] = usage_json(total_usage([c.last.usage if c.last else None for c in collected]))
         return body
 
-    def chunk(self, chunk: GenerationChunk) -> dict | None:
-        """The SSE chunk for one GenerationChunk; None when it carries nothing to send."""
-        if not chunk.text and not chunk.final and not (self.logprobs and chunk.logprobs):
+    def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
+        """The SSE chunk for one GenerationChunk of choice `index`; None when it carries nothing to send."""
+        if not chunk.text and not chunk.final and not (self.logprobs and chunk.logprobs) and \
+                not (self.return_token_ids and chunk.token_ids):
             return None
-        choice = self._delta_choice(chunk)
+        choice = self._delta_choice(index, chunk)
         choice.update(finish_reason=_reason(chunk), stop_reason=(chunk.stop_reason or None) if chunk.final else None)
+        if self.return_token_ids:
+            choice["token_ids"] = list(chunk.token_ids)
+        first = index not in self._opened
+        self._opened.add(index)
         body = self._envelope(self.chunk_object, [choice])
+        self._stream_extras(body, index, first)
         if self.include_usage:
             body["usage"] = None
         return body
 
-    def first_chunk(self) -> dict | None:
-        return None
+    def _stream_extras(self, body: dict, index: int, first: bool) -> None:
+        """vLLM's completions put a choice's prompt_token_ids on its first chunk."""
+        if first and self.prompt_ids is not None:
+            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index])
+
+    def first_chunks(self) -> list[dict]:
+        return []
 
     def usage_chunk(self, usage: Usage | None) -> dict:
         body = self._envelope(self.chunk_object, [])
@@ -98,25 +129,50 @@ class Shape:
         return {"tokens": tokens, "token_logprobs": list(logprobs),
                 "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=False)], "text_offset": offsets}
 
-    def _whole_choice(self, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
-        return {"index": 0, "text": text, "logprobs": self._logprobs(ids, logprobs)}
+    def _whole_choice(self, index: int, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
+        choice = {"index": index, "text": text, "logprobs": self._logprobs(ids, logprobs),
+                  "prompt_logprobs": None}  # (vLLM's field; prompt_logprobs are refused, convert.py)
+        if self.prompt_ids is not None:
+            choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(ids))
+        return choice
 
-    def _delta_choice(self, chunk: GenerationChunk) -> dict:
-        return {"index": 0, "text": chunk.text, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
+    def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
+        return {"index": index, "text": chunk.text, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
 
 
+@dataclass
 class ChatShape(Shape):
+    role: str = "assistant"  # vLLM's: the last message's role when no generation prompt is added
+    echo: str = ""  # `echo`: the last message's text, which the answer continues
+
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def first_chunk(self) -> dict | None:
-        """OpenAI opens every chat stream with the role."""
-        body = self._envelope(self.chunk_object, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                   "logprobs": None, "finish_reason": None}])
-        if self.include_usage:
-            body["usage"] = None
+    def response(self, collected: Sequence[Collected]) -> dict:
+        body = super().response(collected)
+        if self.prompt_ids is not None:
+            body["prompt_token_ids"] = list(self.prompt_ids[0])
         return body
+
+    def first_chunks(self) -> list[dict]:
+        """OpenAI opens every chat stream with the role (vLLM: with prompt_token_ids when asked); then the echoed
+        text."""
+        body = self._envelope(self.chunk_object, [{"index": 0, "delta": {"role": self.role, "content": ""},
+                                                   "logprobs": None, "finish_reason": None}])
+        if self.prompt_ids is not None:
+            body["prompt_token_ids"] = list(self.prompt_ids[0])
+        out = [body]
+        if self.echo:
+            out.append(self._envelope(self.chunk_object, [{"index": 0, "delta": {"content": self.echo},
+                                                           "logprobs": None, "finish_reason": None}]))
+        if self.include_usage:
+            for b in out:
+                b["usage"] = None
+        return out
+
+    def _stream_extras(self, body: dict, index: int, first: bool) -> None:
+        pass  # the prompt's IDs went out with the role
 
     def _logprobs(self, ids: Sequence[int], logprobs: Sequence[float]) -> dict | None:
         if not self.logprobs:
@@ -125,13 +181,16 @@ class ChatShape(Shape):
                    for t, lp in zip(self.token_texts(ids), logprobs, strict=False)]
         return {"content": content}
 
-    def _whole_choice(self, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": self._logprobs(ids, logprobs)}
+    def _whole_choice(self, index: int, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
+        choice = {"index": index, "message": {"role": self.role, "content": self.echo + text},
+                  "logprobs": self._logprobs(ids, logprobs)}
+        if self.prompt_ids is not None:
+            choice["token_ids"] = list(ids)
+        return choice
 
-    def _delta_choice(self, chunk: GenerationChunk) -> dict:
+    def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
         delta = {"content": chunk.text} if chunk.text else {}
-        return {"index": 0, "delta": delta, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
+        return {"index": index, "delta": delta, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
 
 
 def _reason(chunk: GenerationChunk | None) -> str | None:

@@ -151,6 +151,14 @@ class ChatCompletionRequest(GenerationFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's chat extras (convert.conversation_from_http): template arguments, tokenization, the answer's shape
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # special tokens on top of the template's
+    documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # preprocessor/mm_kwargs.py
+    echo: bool = False  # the answer starts with the last message's text when it has the answer's role
+    return_token_ids: bool | None = None  # prompt_token_ids on the response, token_ids on each choice
 
 
 class CompletionRequest(GenerationFields):
@@ -160,6 +168,9 @@ class CompletionRequest(GenerationFields):
     logprobs: Count | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
     echo: bool = False
     suffix: str | None = None
+    # vLLM's default: text prompts get the tokenizer's special tokens (BOS); token IDs and embeddings never do
+    add_special_tokens: bool = True
+    return_token_ids: bool | None = None  # prompt_token_ids and token_ids on each choice
 
 
 class TokenizeCompletionRequest(_Request):
@@ -176,6 +187,12 @@ class TokenizeChatRequest(_Request):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
+    # as ChatCompletionRequest's
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 TokenizeRequest = TokenizeChatRequest | TokenizeCompletionRequest

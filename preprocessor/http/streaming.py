@@ -18,8 +18,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from preprocessor.http.errors import splice_error_body
-from preprocessor.http.responses import Collected, Shape
+from preprocessor.http.responses import Collected, Shape, total_usage
 from preprocessor.outputs import GenerationChunk
+from splice.engine_output import Usage
 from splice.errors import SpliceError
 
 T = TypeVar("T")
@@ -52,16 +53,20 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _collect(chunks: AsyncIterator[GenerationChunk]) -> Collected:
-    collected = Collected()
-    async for chunk in chunks:
-        collected.add(chunk)
+Indexed = AsyncIterator[tuple[int, GenerationChunk]]  # (choice index, chunk), the core's generate()
+
+
+async def _collect(chunks: Indexed, n: int) -> list[Collected]:
+    collected = [Collected() for _ in range(n)]
+    async for i, chunk in chunks:
+        collected[i].add(chunk)
     return collected
 
 
-async def whole_response(request: Request, chunks: AsyncIterator[GenerationChunk], shape: Shape) -> JSONResponse:
+async def whole_response(request: Request, chunks: Indexed, shape: Shape, n: int = 1) -> JSONResponse:
+    """`n`: how many choices `chunks` answers."""
     async with contextlib.aclosing(chunks):
-        collected = await until_disconnected(request, _collect(chunks))
+        collected = await until_disconnected(request, _collect(chunks, n))
     return JSONResponse(shape.response(collected))
 
 
@@ -79,8 +84,7 @@ class _SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def stream_response(request: Request, chunks: AsyncIterator[GenerationChunk], shape: Shape,
-                          ) -> StreamingResponse:
+async def stream_response(request: Request, chunks: Indexed, shape: Shape) -> StreamingResponse:
     try:
         first = await until_disconnected(request, anext(chunks))
     except BaseException:
@@ -90,19 +94,21 @@ async def stream_response(request: Request, chunks: AsyncIterator[GenerationChun
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(first: GenerationChunk, chunks: AsyncIterator[GenerationChunk], shape: Shape) -> AsyncIterator[bytes]:
-    usage = None
+async def _events(first: tuple[int, GenerationChunk], chunks: Indexed, shape: Shape) -> AsyncIterator[bytes]:
+    usages: dict[int, Usage] = {}
     try:
-        if (opening := shape.first_chunk()) is not None:
+        for opening in shape.first_chunks():
             yield _event(opening)
-        chunk: GenerationChunk | None = first
-        while chunk is not None:
-            usage = chunk.usage or usage
-            if (body := shape.chunk(chunk)) is not None:
+        item: tuple[int, GenerationChunk] | None = first
+        while item is not None:
+            index, chunk = item
+            if chunk.usage is not None:
+                usages[index] = chunk.usage
+            if (body := shape.chunk(index, chunk)) is not None:
                 yield _event(body)
-            chunk = None if chunk.final else await anext(chunks, None)
+            item = await anext(chunks, None)
         if shape.include_usage:
-            yield _event(shape.usage_chunk(usage))
+            yield _event(shape.usage_chunk(total_usage(list(usages.values()))))
     except SpliceError as exc:
         yield _event(splice_error_body(exc)[1])
     finally:

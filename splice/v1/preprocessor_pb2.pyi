@@ -81,14 +81,16 @@ class PromptPart(_message.Message):
     def __init__(self, token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[str] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "sampling")
+    __slots__ = ("request_id", "prompt", "sampling", "add_special_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _containers.RepeatedCompositeFieldContainer[PromptPart]
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Iterable[_Union[PromptPart, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    add_special_tokens: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Iterable[_Union[PromptPart, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class UploadPart(_message.Message):
     __slots__ = ("chat", "complete", "chunk")

@@ -206,3 +206,38 @@ async def test_async_completions_stream(aclient, soft_prompt):
                                                          "ignore_eos": True})
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].usage == whole.usage and whole.usage.prompt_tokens == soft_prompt.shape[0]
+
+
+async def test_completions_batches_as_vllm_serves_them(aclient, soft_prompt):
+    """vLLM's own prompt-embeds test (tests/entrypoints/openai/completion/test_completion_with_prompt_embeds.py):
+    a list of prompt_embeds is a batch, `prompt` next to prompt_embeds is another prompt (the embeddings first),
+    and a batch streams each choice under its index."""
+    e1, e2 = torch_b64(soft_prompt), torch_b64(soft_prompt[:2])
+    greedy = dict(model=MODEL, temperature=0, max_tokens=5, extra_body={"ignore_eos": True})
+
+    async def one(**kwargs) -> str:
+        return (await aclient.completions.create(**{**greedy, **kwargs})).choices[0].text
+
+    only1 = await one(prompt=None, extra_body={"prompt_embeds": e1, "ignore_eos": True})
+    only2 = await one(prompt=None, extra_body={"prompt_embeds": e2, "ignore_eos": True})
+    text_only = await one(prompt="This is a prompt")
+
+    batch = await aclient.completions.create(**{**greedy, "prompt": None,
+                                                "extra_body": {"prompt_embeds": [e1, e2], "ignore_eos": True}})
+    assert [c.index for c in batch.choices] == [0, 1] and [c.text for c in batch.choices] == [only1, only2]
+    assert batch.usage.prompt_tokens == soft_prompt.shape[0] + 2 and batch.usage.completion_tokens == 10
+
+    mixed = await aclient.completions.create(**{**greedy, "prompt": "This is a prompt",
+                                                "extra_body": {"prompt_embeds": e1, "ignore_eos": True}})
+    assert [c.text for c in mixed.choices] == [only1, text_only]
+
+    texts, finishes = ["", ""], 0
+    stream = await aclient.completions.create(**{**greedy, "prompt": None, "stream": True,
+                                                 "extra_body": {"prompt_embeds": [e1, e2], "ignore_eos": True}})
+    async for chunk in stream:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+        finishes += chunk.choices[0].finish_reason is not None
+    assert texts == [only1, only2] and finishes == 2
+
+    strings = await aclient.completions.create(**{**greedy, "prompt": ["This is a prompt", "Once upon"]})
+    assert strings.choices[0].text == text_only and len(strings.choices) == 2

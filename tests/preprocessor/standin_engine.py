@@ -18,7 +18,8 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
                  abort: str | None = None) -> None:
         self.info, self.reply_ids, self.forever, self.delay, self.abort = info, reply_ids, forever, delay, abort
         self.requests = []
-        self.cancelled = asyncio.Event()
+        self.cancelled = asyncio.Event()  # set at each cancelled call, whose request ID joins cancelled_ids
+        self.cancelled_ids: list[str] = []
 
     async def GetModelInfo(self, request, context):
         return self.info.to_pb()
@@ -38,7 +39,8 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
             yield response
 
     async def _reply(self, assembler: RequestAssembler, context):
-        self.requests.append(assembler.finish())
+        request = assembler.finish()
+        self.requests.append(request)
         if self.abort:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.abort)
         try:
@@ -49,8 +51,9 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
                 await asyncio.sleep(self.delay)
             yield engine_pb2.GenerateResponse(
                 finish_reason=common_pb2.FINISH_REASON_LENGTH,
-                usage=common_pb2.Usage(prompt_tokens=self.requests[-1].prompt_len, completion_tokens=i))
+                usage=common_pb2.Usage(prompt_tokens=request.prompt_len, completion_tokens=i))
         except asyncio.CancelledError:
+            self.cancelled_ids.append(request.request_id)
             self.cancelled.set()
             raise
 

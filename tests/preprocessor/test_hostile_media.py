@@ -86,7 +86,7 @@ async def grpc_complete(faces: Faces, embeds: pb.PromptEmbeds) -> grpc.aio.AioRp
 
 
 async def http_complete(faces: Faces, prompt_embeds: str) -> httpx.Response:
-    """vLLM's form: /v1/completions with prompt_embeds (prompt[0])."""
+    """vLLM's form: /v1/completions with prompt_embeds (prompt_embeds[0])."""
     return await faces.http.post("/v1/completions", json={"max_tokens": 2, "prompt": "",
                                                           "prompt_embeds": prompt_embeds})
 
@@ -147,7 +147,7 @@ async def refused_as_embeds(faces: Faces, b64: str, *needles: str) -> None:
     refused_grpc(await grpc_chat(faces, pb.ContentPart(prompt_embeds=pb.PromptEmbeds(torch_base64=b64))), *needles)
     refused_grpc(await grpc_complete(faces, pb.PromptEmbeds(torch_base64=b64)), *needles, where="prompt[0]")
     refused_http(await http_chat(faces, {"type": "prompt_embeds", "data": b64}), *needles)
-    refused_http(await http_complete(faces, b64), *needles, where="prompt[0]")
+    refused_http(await http_complete(faces, b64), *needles, where="prompt_embeds[0]")
 
 
 async def test_good_embeds_are_served_on_both_faces(faces, tiny):
