@@ -390,7 +390,7 @@ def _serve() -> None:
     # Imports and a first render paid before the ready frame, not inside a render's budget: a spare is warm.
     warm = [{"role": "user", "content": "x"}]
     _answer({"template": "{{ messages[0]['content'] }}", "messages": {"string": warm, "openai": warm},
-             "add_generation_prompt": False, "variables": {}})
+             "add_generation_prompt": False, "continue_final_message": False, "variables": {}})
 
     ready = json.dumps({"ready": True}).encode()
     replies.write(_HEADER.pack(len(ready)) + ready)

@@ -110,16 +110,16 @@ async def test_chat_add_special_tokens_adds_them_on_top_of_the_template(tiny_dir
 def test_documents_and_reasoning_effort_reach_the_models_template(tiny):
     files, _ = tiny["tiny-text"]
     body = ChatCompletionRequest(messages=PREFILL[:1], documents=DOCS, reasoning_effort="low")
-    conv = conversation_from_http(body, {})
+    conv = conversation_from_http(body)
     prompt = render(files.tokenizer, DOC_TEMPLATE, conv, None, files.sentinels)
     assert prompt.startswith("Moon: The moon is made of rock.\neffort=low thinking=True\n<|im_start|>user")
     # the caller's chat_template_kwargs may turn thinking off; the request's fields win over theirs
     body = ChatCompletionRequest(messages=PREFILL[:1], reasoning_effort="none",
                                  chat_template_kwargs={"documents": [{"title": "Old", "text": "x"}]})
-    kwargs = conversation_from_http(body, {}).template_kwargs
+    kwargs = conversation_from_http(body).template_kwargs
     assert kwargs == {"documents": [{"title": "Old", "text": "x"}], "reasoning_effort": "none",
                       "enable_thinking": False}
-    assert conversation_from_http(ChatCompletionRequest(messages=PREFILL[:1], documents=DOCS), {}).template_kwargs \
+    assert conversation_from_http(ChatCompletionRequest(messages=PREFILL[:1], documents=DOCS)).template_kwargs \
         == {"documents": DOCS}
 
 
