@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from preprocessor.admission import charge
 from preprocessor.content import Embeds, RawTensor
 from preprocessor.limits import Limits
 from preprocessor.torch_archive import check_archive
@@ -68,9 +69,24 @@ def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, info: 
                               f"{limits.max_embeds_bytes}")
 
 
+def _charge(dtype: torch.dtype, shape: tuple[int, ...], copies: int, part: Embeds, info: ModelInfo) -> None:
+    """Charges the request's admission, before they are allocated, `copies` of the tensor in its own dtype and its
+    rows in the engine's (held until the request ends; sent bytes are admitted, what they decode to is not)."""
+    n = math.prod(shape)
+    engine = dtype_from_name(info.dtype, "engine dtype")
+    charge(n * (copies * _itemsize(dtype) + _itemsize(engine)), f"{part.where}: decoding prompt_embeds")
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _from_raw(raw: RawTensor, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     dtype = dtype_from_name(raw.dtype, f"{part.where}: prompt_embeds")
     _check_meta(dtype, raw.shape, part, info, limits)
+    # from_bytes copies read-only bytes (a message's); an assembled upload's buffer was admitted as it arrived
+    writable = isinstance(raw.data, bytearray) or (isinstance(raw.data, memoryview) and not raw.data.readonly)
+    _charge(dtype, raw.shape, 0 if writable else 1, part, info)
     return from_bytes(raw.data, dtype, raw.shape, f"{part.where}: prompt_embeds")
 
 
@@ -80,6 +96,7 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     if len(text) * 3 // 4 > limits.max_embeds_bytes + TORCH_SAVE_OVERHEAD:
         raise InvalidArgument(f"{what} is {len(text)} characters; the decoded tensor may be at most "
                               f"{limits.max_embeds_bytes} bytes")
+    charge(len(text) * 3 // 4, f"{part.where}: decoding prompt_embeds")  # the archive
     try:
         blob = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -87,7 +104,8 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     # Nothing is inflated (stored records only) and no storage is over the cap; then the tensor is built on the
     # meta device first, from the pickle alone, so that its view is checked before any storage is read.
     check_archive(blob, what, limits.max_embeds_bytes)
-    _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
+    view = _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
+    _charge(view.dtype, tuple(view.shape), 1, part, info)  # its storage, read from the archive
     return _check_loaded(_load(blob, "cpu", what), "cpu", part, info, limits)
 
 
@@ -158,6 +176,7 @@ def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits
         raise InvalidArgument(f"{what}: tensor {name!r} has unsupported dtype {st_dtype}")
     dtype = DTYPES[SAFETENSORS_DTYPES[st_dtype]]
     _check_meta(dtype, shape, part, info, limits)
+    _charge(dtype, shape, 2, part, info)  # the slice of the file, and the tensor's own copy of it
     data_start = 8 + header_len
     if not (0 <= begin <= end <= len(blob) - data_start):
         raise InvalidArgument(f"{what}: tensor {name!r} data offsets [{begin}, {end}) fall outside the file")
