@@ -2,8 +2,8 @@
 
 Every size is checked against the cap from metadata (dtype x shape) before the dense tensor is
 allocated. A torch.save archive is checked before torch.load reads it (torch_archive.py: stored records only,
-none over the cap), then loaded on the meta device, from its pickle alone, so that a tensor whose storage is not
-exactly its view (an expand of a small one, a slice of a large one) is refused before any storage is read.
+none over the cap), then loaded on the meta device, from its pickle alone, so that a tensor whose storage is
+smaller than its view (an expand of a small one) is refused before any storage is read.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     # meta device first, from the pickle alone, so that its view is checked before any storage is read.
     check_archive(blob, what, limits.max_embeds_bytes)
     view = _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
-    _charge(view.dtype, tuple(view.shape), 1, part, info)  # its storage, read from the archive
+    # its storage, read from the archive (a slice's whole storage), and the rows
+    charge(view.untyped_storage().nbytes(), f"{part.where}: decoding prompt_embeds")
+    _charge(view.dtype, tuple(view.shape), 0, part, info)
     return _check_loaded(_load(blob, "cpu", what), "cpu", part, info, limits)
 
 
@@ -139,15 +141,11 @@ def _check_loaded(obj: object, device: str, part: Embeds, info: ModelInfo, limit
                               f"with its data")
     _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
     # A stride-0 view (expand) describes more elements than its storage holds: densifying it would turn a few KB
-    # into GBs. A view of a larger storage (a slice) would hold memory nobody sent rows for. Only a tensor that
-    # is its whole storage is taken.
-    held, needed = obj.untyped_storage().nbytes(), obj.numel() * obj.element_size()
-    if held < needed:
+    # into GBs. A view of a larger storage (a slice, as torch.save keeps it) is taken: that storage was sent,
+    # stored, within the cap, so it holds no more than the bytes received (and is charged as such).
+    if obj.untyped_storage().nbytes() < obj.numel() * obj.element_size():
         raise InvalidArgument(f"{what} is a view of a smaller storage (e.g. expand() of shape {list(obj.shape)}); "
                               f"send a dense tensor (.contiguous())")
-    if held > needed:
-        raise InvalidArgument(f"{what} is a view of shape {list(obj.shape)} ({needed} bytes) of a storage of "
-                              f"{held} bytes (e.g. a slice of a larger tensor); send a tensor of its own (.clone())")
     return obj
 
 
@@ -190,6 +188,8 @@ def _normalize(tensor: torch.Tensor, part: Embeds, info: ModelInfo) -> torch.Ten
         tensor = tensor[0]  # [1, n, hidden] -> [n, hidden]
     what = f"{part.where}: prompt_embeds"
     out = tensor.to(dtype_from_name(info.dtype, "engine dtype")).contiguous()  # [n, hidden]
+    if out.untyped_storage().nbytes() > out.numel() * out.element_size():
+        out = out.clone()  # a slice's rows, without the rest of the storage it came in
     if not all_finite(out):
         check_finite(tensor, what)
         check_finite(out, what, f"they overflow the engine's dtype {info.dtype}")
