@@ -1,7 +1,7 @@
 """`splice` command line: engine, preprocessor, up, chat, demo, build-tiny.
 
-The layer above the services: it resolves --model (tiny names, folders, the HF cache) for them, so no
-service imports the tiny-model builder.
+The layer above the services: it resolves --model (built-in names, folders, HF ids from the HF cache or the
+Hub) for them, so no service imports the tiny-model builder or the Hub client.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shlex
 import signal
 import sys
@@ -21,6 +22,7 @@ from splice.errors import SpliceError
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MODEL_HELP = (f"a built-in tiny model {sorted(TINY_MODELS)}, the built-in real model {REAL_DEFAULT}, a local HF "
               f"folder, or an HF id")
 
@@ -30,11 +32,13 @@ def _say(message: str) -> None:
 
 
 def _service_resolver(service: str) -> Callable[[str], str]:
-    """--model -> folder for a service process; building a tiny model is logged as that service's progress."""
+    """--model -> folder for a service process; building a tiny model or downloading an HF id is logged as that
+    service's progress. The preprocessor fetches an HF id's config and tokenizer files only, never its weights."""
     from app.models import resolve_model
 
     log = logging.getLogger(f"splice.{service}")
-    return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m))
+    weights = service == "engine"
+    return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m), weights=weights)
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
@@ -55,7 +59,7 @@ def _up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(f"splice up: {exc}")
         return 2
-    try:  # build or fetch once here, with progress, before two processes load it
+    try:  # build or download once here, with progress, before two processes load it (from the cache then)
         resolve_model(args.model, progress=_say)
     except SpliceError as exc:
         _say(f"splice up: {exc}")
@@ -64,7 +68,8 @@ def _up(args: argparse.Namespace) -> int:
         _say(note)
     echo = None if args.quiet else _say
     try:
-        engine, pre = start_stack(args.model, host=args.host, engine_port=args.engine_port,
+        engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
+                                  engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
                                   preprocessor_args=preprocessor_args + shlex.split(args.preprocessor_args),
@@ -95,11 +100,20 @@ def _up(args: argparse.Namespace) -> int:
 def _security_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """`splice up`'s TLS and key flags as (engine flags, preprocessor flags); ValueError for a set that cannot
     work. Keys travel through the environment, not argv (other users can read a process's arguments), and
-    restarted services inherit it."""
+    restarted services inherit it.
+
+    A public key without an engine key gets a generated one: an engine that answers without a key would let
+    anyone who reaches its port past the public key."""
     if args.api_key:
         os.environ[API_KEY_ENV] = args.api_key
     if args.engine_api_key:
         os.environ[ENGINE_KEY_ENV] = args.engine_api_key
+    elif os.environ.get(API_KEY_ENV) and not os.environ.get(ENGINE_KEY_ENV):
+        os.environ[ENGINE_KEY_ENV] = secrets.token_urlsafe(32)
+        args.engine_key_generated = True
+    if args.engine_host not in LOOPBACK and not os.environ.get(ENGINE_KEY_ENV):
+        _say(f"splice up: warning: the engine listens on {args.engine_host} without a key (--engine-api-key): "
+             f"anyone who reaches its port can generate")
     pre = ["--allowed-media-domains", *args.allowed_media_domains] if args.allowed_media_domains else []
     pre += _flags(("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca))
     if (args.engine_server_cert is None) != (args.engine_server_key is None):
@@ -131,8 +145,9 @@ def _secured(args: argparse.Namespace) -> str:
     """What `splice up` secured, for its ready line."""
     public = ("mTLS" if args.tls_ca else "TLS") if args.tls_cert else ""
     link = ("mTLS" if args.engine_tls_cert else "TLS") if args.engine_server_cert else ""
+    engine_key = "engine key (generated)" if args.engine_key_generated else "engine key"
     parts = [f"public API {public}" if public else "", "public API key" if os.environ.get(API_KEY_ENV) else "",
-             f"engine link {link}" if link else "", "engine key" if os.environ.get(ENGINE_KEY_ENV) else ""]
+             f"engine link {link}" if link else "", engine_key if os.environ.get(ENGINE_KEY_ENV) else ""]
     return ", ".join(p for p in parts if p)
 
 
@@ -209,14 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the preprocessor's (public API's) listen address "
+                   "(0.0.0.0: all interfaces); the engine's is --engine-host")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
+    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address: by default only "
+                   "this host reaches it")
     p.add_argument("--engine-port", type=int, default=50061)
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
     p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
                    f"and HTTP (default: ${API_KEY_ENV})")
     p.add_argument("--engine-api-key", default=None, help="a key the engine requires from the preprocessor "
-                   f"(default: ${ENGINE_KEY_ENV})")
+                   f"(default: ${ENGINE_KEY_ENV}; with a public key and none given, a generated one)")
     p.add_argument("--tls-cert", default=None, help="PEM certificate: the public API (gRPC and HTTP) serves TLS")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default=None, help="PEM CA: the public API requires client certificates signed by "
@@ -230,14 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-tls-cert", default=None, help="the preprocessor's client certificate for the engine "
                    "(mTLS on the engine link; with --engine-tls-key)")
     p.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
-    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
-                   help="hosts whose http(s) image URLs the HTTP API may fetch")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
+                   help="hosts and ports whose http(s) image URLs the HTTP API may fetch (a bare HOST: ports 80 and "
+                        "443 only)")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
                    help="more `splice preprocessor` flags, e.g. '--trust-request-chat-template'")
     p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
-    p.set_defaults(func=_up)
+    p.set_defaults(func=_up, engine_key_generated=False)
 
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
     p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")

@@ -121,17 +121,19 @@ def wait_healthy(address: str, timeout: float = 120.0) -> None:
             time.sleep(0.2)
 
 
-def start_stack(model: str, *, host: str = "127.0.0.1", engine_port: int = 0, preprocessor_port: int = 0,
+def start_stack(model: str, *, host: str = "127.0.0.1", engine_host: str = "127.0.0.1", engine_port: int = 0,
+                preprocessor_port: int = 0,
                 http_port: int | None = None, engine_args: Sequence[str] = (),
                 preprocessor_args: Sequence[str] = (), echo: Callable[[str], None] | None = None,
                 ) -> tuple[Service, Service]:
     """Engine first, then a preprocessor pointed at it. `http_port`: the preprocessor also serves the HTTP API
-    there (0: a free port; its address is `pre.http_address`).
+    there (0: a free port; its address is `pre.http_address`). `host` is the preprocessor's (public) listen
+    address, `engine_host` the engine's: loopback unless asked, since only the preprocessor needs to reach it.
 
     Each ready line is printed once the service's health is SERVING (the engine loaded and warm, the
     preprocessor having reached the engine), so there is nothing left to poll, and nothing that would need
     the services' TLS credentials: `splice up` holds no client certificate for a public face under mTLS."""
-    engine = start("engine", ["--model", model, "--host", host, "--port", str(engine_port), *engine_args],
+    engine = start("engine", ["--model", model, "--host", engine_host, "--port", str(engine_port), *engine_args],
                    echo=echo)
     try:
         http = ["--http-port", str(http_port)] if http_port is not None else []

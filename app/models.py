@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from app.hub import NotOnHub, fetch
 from app.real_model import REAL_MODELS, ensure_real
 from app.tiny import TINY_MODELS, ensure
 from splice.errors import FailedPrecondition
@@ -22,8 +23,10 @@ def model_note(model: str) -> str | None:
     return (TRAINED_NOTE if TINY_MODELS[model].trained else NOISE_NOTE).format(model=model) + REAL_WEIGHTS
 
 
-def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = None) -> str:
-    """A local folder holding config.json (+ tokenizer, processor, safetensors) for `name_or_path`."""
+def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = None, weights: bool = True) -> str:
+    """A local folder holding config.json (+ tokenizer, processor, safetensors) for `name_or_path`: a built-in
+    model built once, a local folder as it is, or an HF id from the Hugging Face cache, downloaded from the Hub
+    when it is not there (`weights=False`: its config and tokenizer files only, what the preprocessor needs)."""
     if name_or_path in TINY_MODELS:
         return str(ensure(name_or_path, progress=progress))
     if name_or_path in REAL_MODELS:
@@ -33,12 +36,18 @@ def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = No
         if not (path / "config.json").exists():
             raise FailedPrecondition(f"model folder {path} has no config.json")
         return str(path)
-    # An HF id: only what is already in the local cache; nothing is downloaded at run time.
-    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    builtins = f"built-in models: {sorted(TINY_MODELS) + sorted(REAL_MODELS)}"
     try:
-        return snapshot_download(name_or_path, local_files_only=True)
-    except Exception as exc:
-        raise FailedPrecondition(
-            f"model {name_or_path!r} is neither a tiny model ({sorted(TINY_MODELS)}), a local folder, nor an HF id "
-            f"in the local cache ({type(exc).__name__}); download it first or pass a folder") from exc
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        raise FailedPrecondition(f"model {name_or_path!r} is neither a built-in model, a local folder, nor an HF id "
+                                 f"(ORG/NAME) ({builtins})") from None
+    try:
+        return fetch(name_or_path, weights=weights, progress=progress)
+    except NotOnHub as exc:
+        if "/" in name_or_path:
+            raise
+        # a bare name is more likely a mistyped built-in than a Hub model without an organisation
+        raise NotOnHub(f"{exc.message}; nor is it a local folder or one of the {builtins}") from None

@@ -1,10 +1,12 @@
 """Property-based fuzzing (hypothesis) of every public RPC of a running preprocessor: raw bytes, mutated valid
 messages and structured requests with hostile values. Every answer must be a defined status (never UNKNOWN
 or INTERNAL, which would be a crash path), and the service must serve a good request after each batch.
+With --face http (or both), its HTTP face too (bench/fuzz_http.py): hostile JSON bodies, never a 5xx.
 
-    python -m bench.fuzz [--target HOST:PORT] [--examples 300] [--seed 0]
+    python -m bench.fuzz [--face grpc|http|both] [--target HOST:PORT] [--http-target HOST:PORT] [--examples 300]
+                         [--seed 0]
 
-Without --target it starts its own stack (tiny-idefics3). Prints counts per RPC and status code.
+Without targets it starts its own stack (tiny-idefics3, HTTP face on). Prints counts per RPC / route and status.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ DTYPES = ["float32", "float16", "bfloat16", "int64", "bool", "complex64", "", "f
 texts = st.text(max_size=40)
 small_ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 tensor = st.builds(lambda d, shape, data: common_pb2.Tensor(dtype=d, shape=shape, data=data),
-                   st.sampled_from(DTYPES), st.lists(st.integers(0, 70000), max_size=4), st.binary(max_size=256))
+                   st.sampled_from(DTYPES), st.lists(st.one_of(st.integers(0, 70000), st.sampled_from(
+                       [-1, 2**31, 2**40, 2**63 - 1, -(2**63)])), max_size=4), st.binary(max_size=256))
 embeds = st.one_of(st.builds(lambda t: pb.PromptEmbeds(tensor=t), tensor),
                    st.builds(lambda s: pb.PromptEmbeds(torch_base64=s), texts),
                    st.builds(lambda b: pb.PromptEmbeds(safetensors=b), st.binary(max_size=128)))
@@ -131,33 +134,47 @@ class Fuzzer:
 
 
 def main() -> int:
+    from bench.fuzz_http import HttpFuzzer
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=None)
-    parser.add_argument("--examples", type=int, default=300, help="hypothesis examples per RPC (x3 calls each)")
+    parser.add_argument("--face", choices=("grpc", "http", "both"), default="both")
+    parser.add_argument("--target", default=None, help="HOST:PORT of the gRPC face")
+    parser.add_argument("--http-target", default=None, help="HOST:PORT of the HTTP face")
+    parser.add_argument("--api-key", default=None, help="the HTTP face's key, if it has one")
+    parser.add_argument("--examples", type=int, default=300, help="hypothesis examples per RPC / route (x3 calls)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     stack = None
-    target = args.target
-    if target is None:
+    target, http_target = args.target, args.http_target
+    if (args.face != "http" and target is None) or (args.face != "grpc" and http_target is None):
         from app.launch import start_stack
 
-        stack = start_stack("tiny-idefics3", engine_args=["--max-running-seqs", "8"])
-        target = stack[1].address
+        stack = start_stack("tiny-idefics3", http_port=0, engine_args=["--max-running-seqs", "8"])
+        target, http_target = stack[1].address, stack[1].http_address
     began = time.monotonic()
+    fuzzers: list = []
+    ok = True
     try:
-        fuzzer = Fuzzer(target)
-        ok = fuzzer.run(args.examples, args.seed)
+        if args.face != "http":
+            fuzzers.append(Fuzzer(target))
+            ok &= fuzzers[-1].run(args.examples, args.seed)
+        if args.face != "grpc":
+            fuzzers.append(HttpFuzzer(f"http://{http_target}", args.api_key))
+            ok &= fuzzers[-1].run(args.examples, args.seed)
+            fuzzers[-1].close()
         alive = all(s.alive for s in stack) if stack else True
     finally:
         if stack:
             stack[1].stop()
             stack[0].stop()
-    total = sum(fuzzer.counts.values())
-    for (method, code), n in sorted(fuzzer.counts.items()):
-        print(f"{method:13s} {code:20s} {n}")
-    print(f"{total} calls in {time.monotonic() - began:.0f} s; undefined answers: {len(fuzzer.undefined)}; "
-          f"processes alive: {alive}; served after every batch: {ok or bool(fuzzer.undefined)}")
-    for line in fuzzer.undefined[:20]:
+    undefined = [line for f in fuzzers for line in f.undefined]
+    total = sum(sum(f.counts.values()) for f in fuzzers)
+    for f in fuzzers:
+        for (where, code), n in sorted(f.counts.items(), key=str):
+            print(f"{where:22s} {code!s:20s} {n}")
+    print(f"{total} calls in {time.monotonic() - began:.0f} s; undefined answers: {len(undefined)}; "
+          f"processes alive: {alive}; served after every batch: {ok or bool(undefined)}")
+    for line in undefined[:20]:
         print("  " + line)
     return 0 if ok and alive else 1
 

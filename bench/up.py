@@ -105,9 +105,9 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def listening_pid(port: int) -> int | None:
-    """The pid of this user's process listening on TCP `port` (IPv4 or IPv6), None if not found."""
-    inodes = set()
+def _listening(port: int) -> list[tuple[str, str]]:
+    """(local address as /proc/net/tcp* spells it, socket inode) of every socket listening on TCP `port`."""
+    found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -115,8 +115,29 @@ def listening_pid(port: int) -> int | None:
             continue
         for row in rows:
             cols = row.split()
-            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
-                inodes.add(f"socket:[{cols[9]}]")
+            address, hex_port = cols[1].rsplit(":", 1)
+            if int(hex_port, 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                found.append((address, cols[9]))
+    return found
+
+
+def listening_hosts(port: int) -> set[str]:
+    """The addresses sockets listen on at TCP `port` ("127.0.0.1", "0.0.0.0", "::1", "::", ...)."""
+    import ipaddress
+
+    hosts = set()
+    for address, _ in _listening(port):
+        raw = bytes.fromhex(address)
+        # the kernel prints each 32-bit word in host (little-endian) order
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        ip = ipaddress.ip_address(raw)
+        hosts.add(str(getattr(ip, "ipv4_mapped", None) or ip))  # gRPC binds 127.0.0.1 as ::ffff:127.0.0.1
+    return hosts
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of this user's process listening on TCP `port` (IPv4 or IPv6), None if not found."""
+    inodes = {f"socket:[{inode}]" for _, inode in _listening(port)}
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
             if os.readlink(fd) in inodes:

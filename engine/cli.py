@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="tiny model name, local HF folder, or HF id in the local cache")
+                        help="built-in model name, local HF folder, or HF id (ORG/NAME: from the Hugging Face cache, "
+                             "downloaded from the Hub when not there)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed when ready)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")

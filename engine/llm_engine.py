@@ -34,10 +34,11 @@ from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
+from splice.offload import inline_or_thread
 from splice.sampling import SamplingParams
 
 # A request without tensors and up to this many tokens is validated on the event loop: checking its IDs takes
-# less time (~60 ns per ID) than a thread's hand-off and return (~0.2 ms on two cores).
+# less time (~60 ns per ID) than a thread's hand-off (splice/offload.py).
 INLINE_VALIDATE_TOKENS = 4096
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,9 @@ class LLMEngine:
         if self._thread is None:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
-        if req.tensors or req.prompt_len > INLINE_VALIDATE_TOKENS:
-            # finite checks read every tensor byte: off the event loop, like the forward
-            await asyncio.to_thread(validate_request, req, self.m.info, self.m.family.images)
-        else:
-            validate_request(req, self.m.info, self.m.family.images)
+        # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
+        inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
+        await inline_or_thread(inline, validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
         listener = Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval)

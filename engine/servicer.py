@@ -13,14 +13,13 @@ preprocessor's weighted round robin reads, and is refused when its model fingerp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager
 
 import grpc
 
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
-from splice.engine_request import EngineRequest
 from splice.engine_wire import RequestAssembler
 from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
@@ -30,6 +29,37 @@ from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 def _part_too_many(received: int, declared: int) -> InvalidArgument:
     return InvalidArgument(f"Generate stream part {received} arrived after the request was complete (its header and "
                            f"all {declared} declared tensor bytes); the stream must end there")
+
+
+class _Upload:
+    """One call's request as its parts arrive: the header first (its declared sizes are capped by the budget
+    before any tensor byte arrives), then each tensor chunk held in the byte budget before it is written (the
+    buffers are committed as written), so a silent stream holds nothing and cannot keep others out for free.
+    Its `with` gives back what it holds."""
+
+    def __init__(self, budget: ByteBudget, header: engine_pb2.GenerateRequestPart) -> None:
+        self.budget = budget
+        self.assembler = RequestAssembler(budget.limit)  # the budget is the cap: no other ceiling
+        self.assembler.feed(header)
+        self.received = 1  # parts fed, the header included
+        self.held = 0
+
+    def add(self, part: engine_pb2.GenerateRequestPart) -> None:
+        """The next part; RESOURCE_EXHAUSTED when its bytes do not fit the budget now (the call guard reads the
+        rest of a refused stream: a server that stops reading mid-stream makes the client see its own send
+        failure, INTERNAL, instead)."""
+        nbytes = len(part.chunk.data)
+        if not self.budget.take(nbytes):
+            raise self.budget.refusal(self.assembler.declared_bytes)
+        self.held += nbytes
+        self.assembler.feed(part)
+        self.received += 1
+
+    def __enter__(self) -> _Upload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget.give(self.held)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -106,80 +136,44 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def GenerateWhole(self, request: engine_pb2.GenerateRequest,
                             context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """Generate's parts in one message, with the stream's checks, budget, errors and trailers. Every part is
-        here already: no per-part reads, timeouts or end-of-stream watcher, so the engine is reached sooner."""
+        """Generate's parts in one message, with the stream's checks, budget, errors and trailers: the same
+        checks, in the same order, with the same messages. Every part is here already: no per-part reads,
+        timeouts or end-of-stream watcher, so the engine is reached sooner."""
         engine = self._ready()
-        with self._counted(context):
-            engine_request, held = self._assemble_whole(engine, request.parts)
-            try:
-                async with aclosing(engine.generate(engine_request)) as outputs:
-                    async for out in outputs:
-                        yield out.to_pb()
-            finally:
-                self.budget.give(held)
+        parts = request.parts
+        with self._counted(context), self._upload(engine, parts[0] if parts else None) as upload:
+            while not upload.assembler.complete and upload.received < len(parts):
+                upload.add(parts[upload.received])
+            engine_request = upload.assembler.finish()  # raises if the parts ended short of the declared bytes
+            if upload.received < len(parts):
+                raise _part_too_many(upload.received, upload.assembler.declared_bytes)
+            async with aclosing(engine.generate(engine_request)) as outputs:
+                async for out in outputs:
+                    yield out.to_pb()
 
-    def _assemble_whole(self, engine: LLMEngine, parts: Sequence[engine_pb2.GenerateRequestPart],
-                        ) -> tuple[EngineRequest, int]:
-        """GenerateWhole's request and the budget bytes it holds, refused exactly as the same parts on the Generate
-        stream would be (the same checks, in the same order, with the same messages)."""
-        if not parts:
+    def _upload(self, engine: LLMEngine, first: engine_pb2.GenerateRequestPart | None) -> _Upload:
+        """A request's upload from its first part, which must be a header for this engine's model (a stream
+        refused here or later is read to its end by the call guard before the refusal is sent)."""
+        if first is None:
             raise InvalidArgument("Generate stream is empty; a header comes first")
-        assembler = RequestAssembler(self.budget.limit)
-        assembler.feed(parts[0])
-        refusal = self._model_refusal(parts[0].header.model_fingerprint, engine)
+        upload = _Upload(self.budget, first)
+        refusal = self._model_refusal(first.header.model_fingerprint, engine)
         if refusal is not None:
             raise refusal
-        held = 0
-        try:
-            received = 1
-            while not assembler.complete and received < len(parts):
-                part = parts[received]
-                nbytes = len(part.chunk.data)
-                if not self.budget.take(nbytes):
-                    raise self.budget.refusal(assembler.declared_bytes)
-                held += nbytes
-                assembler.feed(part)
-                received += 1
-            request = assembler.finish()  # raises if the parts ended short of the declared bytes
-            if received < len(parts):
-                raise _part_too_many(received, assembler.declared_bytes)
-        except BaseException:
-            self.budget.give(held)
-            raise
-        return request, held
+        return upload
 
     async def _generate(self, engine: LLMEngine, request_iterator: AsyncIterator[engine_pb2.GenerateRequestPart],
                         ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        assembler = RequestAssembler(self.budget.limit)  # the budget is the cap: no other ceiling
         parts = aiter(request_iterator)
-        first = await self._next(parts, 0)
-        if first is None:
-            raise InvalidArgument("Generate stream is empty; a header comes first")
-        assembler.feed(first)  # the header: declared sizes are capped by the budget before any tensor byte arrives
-        refusal = self._model_refusal(first.header.model_fingerprint, engine)
-        if refusal is not None:
-            raise refusal  # (the call guard reads the rest of the stream before it sends this)
-        # The call holds its tensor bytes as they arrive (the buffers are committed as written), each chunk
-        # before it is written: a silent stream holds nothing, so it cannot keep others out for free.
-        held = 0
-        try:
-            received = 1
+        with self._upload(engine, await self._next(parts, 0)) as upload:
             # Until the request is whole (header + every declared tensor byte), not until the stream's half-close:
             # that arrives in a later frame, and waiting for it would delay every first token.
-            while not assembler.complete and (part := await self._next(parts, received)) is not None:
-                nbytes = len(part.chunk.data)
-                if not self.budget.take(nbytes):
-                    # Read and drop the rest: a server that stops reading mid-stream makes the client see its
-                    # own send failure (INTERNAL) instead of this status.
-                    while await self._next(parts, received) is not None:
-                        received += 1
-                    raise self.budget.refusal(assembler.declared_bytes)
-                held += nbytes
-                assembler.feed(part)
-                received += 1
+            assembler = upload.assembler
+            while not assembler.complete and (part := await self._next(parts, upload.received)) is not None:
+                upload.add(part)
             request = assembler.finish()  # raises if the stream ended short of the declared bytes
             # The stream must end now; its end (or a part too many) is read beside the generation.
-            end = asyncio.ensure_future(self._end_of(parts, received, assembler.declared_bytes))
+            end = asyncio.ensure_future(self._end_of(parts, upload.received, assembler.declared_bytes))
             try:
                 async with aclosing(engine.generate(request)) as outputs:
                     async for out in outputs:
@@ -191,8 +185,6 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             finally:
                 if not end.cancel() and not end.cancelled():
                     end.exception()  # ended after the last check: its error came too late to matter (retrieved)
-        finally:
-            self.budget.give(held)
 
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:

@@ -1,7 +1,8 @@
 """Admission control: how many requests the preprocessor works on at once, and how many request bytes it
 holds for them, across both faces. Past either cap a request is refused with RESOURCE_EXHAUSTED at once,
-before its payload is parsed (gRPC: the size is known from the raw message; HTTP: from Content-Length,
-before the body is read), instead of the process growing until it stalls or is killed.
+before its payload is parsed (gRPC: the size is known from the raw message; HTTP: from Content-Length before the
+body is read, or chunk by chunk as a chunked body arrives: http/admission.py), instead of the process growing until
+it stalls or is killed.
 
 A request holds its place and its bytes until its answer is complete: the parsed payload lives that long.
 gRPC calls are admitted by splice/call_guard.py, by their raw message size before it is parsed. State changes

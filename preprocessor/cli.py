@@ -23,8 +23,8 @@ DEFAULTS = Limits()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="127.0.0.1:50061", help="HOST:PORT of splice.v1.Engine")
     parser.add_argument("--model", default=None,
-                        help="tokenizer/processor source (tiny name, folder or cached HF id); default: the model "
-                             "the engine reports")
+                        help="tokenizer/processor source (built-in name, folder or HF id: its config and tokenizer "
+                             "files only are downloaded); default: the model the engine reports")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
     parser.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--allowed-media-dir", type=Path, default=None,
@@ -48,15 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
                         help="seconds a request's chat template may take to render, queueing included")
     parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
-                        help="worker processes rendering request chat templates")
+                        help="worker processes rendering request chat templates (one more waits started, to "
+                             "replace a worker killed for overrunning at once)")
     parser.add_argument("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
-                        help="seconds an Upload stream may stay silent before DEADLINE_EXCEEDED (it then releases "
-                             "its admission)")
+                        help="seconds an Upload stream (gRPC) or a request body (HTTP: 408) may stay silent before "
+                             "DEADLINE_EXCEEDED (it then releases its admission)")
     parser.add_argument("--max-concurrent-requests", type=int, default=256,
                         help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
     parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
                         help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, "
-                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing")
+                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing, a chunked "
+                             "HTTP body counted as it arrives; one HTTP body larger than this: 413")
     parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
@@ -65,7 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default off")
     parser.add_argument("--api-key", default=None,
                         help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header "
-                             "alike (default: $SPLICE_API_KEY); health stays open")
+                             "alike (default: $SPLICE_API_KEY); health stays open, HTTP /metrics and the API docs "
+                             "(HTTP /docs, /redoc, /openapi.json; gRPC reflection) need the key unless opened")
+    parser.add_argument("--open-metrics", action="store_true",
+                        help="with --api-key: serve the HTTP face's /metrics without the key (default: off)")
+    parser.add_argument("--open-docs", action="store_true",
+                        help="with --api-key: serve /docs, /redoc, /openapi.json and gRPC reflection without the key "
+                             "(default: off)")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)")
@@ -76,10 +84,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
     parser.add_argument("--engine-api-key", default=None,
                         help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
-    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
-                        help="hosts whose http(s) image URLs the HTTP API may fetch (off by default)")
+    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
+                        help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port "
+                             "only, a bare HOST ports 80 and 443 only (default: none)")
     parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
                         help="seconds to fetch one remote image")
+    parser.add_argument("--http-header-timeout", type=float, default=HttpOptions.header_timeout,
+                        help="seconds an HTTP connection has to send a request's headers (from opening, or from the "
+                             "first byte of its next request) before it is closed (default: %(default)s)")
+    parser.add_argument("--http-max-connections", type=int, default=HttpOptions.max_connections,
+                        help="HTTP connections open at once; one more is answered 503 and closed (default: "
+                             "%(default)s)")
     parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
                         help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
                              "requests UNAVAILABLE meanwhile)")
@@ -107,6 +122,7 @@ def security_from_args(args: argparse.Namespace) -> Security:
         ca = None if args.engine_tls_ca in (None, "system") else args.engine_tls_ca
         engine_tls = ClientTLS(ca, args.engine_tls_cert, args.engine_tls_key)
     return Security(tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca), api_key=_api_key(args),
+                    open_docs=args.open_docs,
                     engine_tls=engine_tls, engine_api_key=args.engine_api_key or os.environ.get(ENGINE_KEY_ENV) or None)
 
 
@@ -117,9 +133,12 @@ def _api_key(args: argparse.Namespace) -> str | None:
 def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
     if args.http_port is None:
         return None
-    return HttpOptions(port=args.http_port, api_key=_api_key(args),
+    return HttpOptions(port=args.http_port, api_key=_api_key(args), open_metrics=args.open_metrics,
+                       open_docs=args.open_docs,
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
-                       drain_grace=args.drain_grace)
+                       drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
+                       body_idle_timeout=args.upload_idle_timeout,
+                       max_connections=args.http_max_connections)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
@@ -129,7 +148,10 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
     if args.metrics_port is not None:  # first: the metrics line precedes the ready line
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"preprocessor metrics on {exporter.address}", flush=True)
-    server = PreprocessorServer(engine=args.engine, model=args.model, host=args.host, port=args.port,
+    model = args.model
+    if model is not None:  # now: a model that cannot be had is one line and exit 2, not a retry per engine poll
+        model = await asyncio.to_thread(resolve, model)
+    server = PreprocessorServer(engine=args.engine, model=model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
                                 resolve=resolve, http=http_from_args(args), admission=admission_from_args(args),
                                 security=security_from_args(args))

@@ -18,19 +18,20 @@ from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
+from preprocessor.request_bounds import check_conversation, check_prompt, check_text
 from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
+from splice.offload import inline_or_thread
 from splice.request_rules import check_ids
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20
 # A text-only request up to this many characters (token IDs count as characters) is normalized on the event
-# loop: its template and tokenizer take less time than a thread's hand-off and return (~0.2 ms each way on two
-# cores), and the template holds the GIL in a thread anyway. Anything larger, or with images or embeddings, goes
-# to a thread, so that decoding and processing it never stalls the other streams.
+# loop: its template and tokenizer take less time than a thread's hand-off (splice/offload.py). Anything larger,
+# or with images or embeddings, goes to a thread.
 INLINE_NORMALIZE_CHARS = 1024
 
 
@@ -83,6 +84,11 @@ class PreprocessorCore:
         prompt = await self._sandbox.render_async(request_job(f.tokenizer, conv, f.image_placeholder, f.sentinels))
         return lambda job: prompt
 
+    def check_conversation(self, conv: Conversation) -> None:
+        """The cheap bounds (request_bounds.py): a conversation that certainly cannot fit is refused before any of it
+        is fetched, decoded, rendered or tokenized."""
+        check_conversation(conv, self.info, self.files, self.limits)
+
     @staticmethod
     def _request_id(request_id: str) -> str:
         return request_id or uuid.uuid4().hex
@@ -101,14 +107,13 @@ class PreprocessorCore:
     async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
                    ) -> AsyncIterator[GenerationChunk]:
         arrival = time.perf_counter()
+        self.check_conversation(conv)
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
         rendered = await self._prerendered(conv)
         kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
-        if _inline((p for m in conv.messages for p in m.parts), kwargs):
-            normalized = self.normalize_chat(conv, sampling, request_id, False, rendered)
-        else:
-            normalized = await asyncio.to_thread(self.normalize_chat, conv, sampling, request_id, False, rendered)
+        inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
+        normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, len(conv.parts(Image)))
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
         async with aclosing(self._generate(normalized, "chat", arrival)) as chunks:
@@ -118,10 +123,8 @@ class PreprocessorCore:
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
                        ) -> AsyncIterator[GenerationChunk]:
         arrival = time.perf_counter()
-        if _inline(parts):
-            normalized = self.normalize_complete(parts, sampling, request_id)
-        else:
-            normalized = await asyncio.to_thread(self.normalize_complete, parts, sampling, request_id)
+        check_prompt(parts, self.info, self.files, self.limits)
+        normalized = await inline_or_thread(_inline(parts), self.normalize_complete, parts, sampling, request_id)
         _record("complete", normalized, arrival, 0)
         async with aclosing(self._generate(normalized, "complete", arrival)) as chunks:
             async for chunk in chunks:
@@ -142,6 +145,7 @@ class PreprocessorCore:
                 yield chunk
 
     async def tokenize_chat(self, conv: Conversation) -> TokenizeResult:
+        self.check_conversation(conv)
         rendered = await self._prerendered(conv)
         # In a thread, like Chat's normalization: images, embeds and long texts would stall every stream.
         n = await asyncio.to_thread(self.normalize_chat, conv, None, "", True, rendered)
@@ -150,6 +154,7 @@ class PreprocessorCore:
                               n.prompt, n.image_token_counts)
 
     def tokenize_text(self, text: str, add_special_tokens: bool = False) -> TokenizeResult:
+        check_text(text, self.info, self.files)
         ids = tokenize_text(text, add_special_tokens, self.files, self.info)
         return TokenizeResult(tuple(ids), (), text, ())
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image as PILImage
+from transformers.image_transforms import convert_to_rgb
 
 from preprocessor.content import Image
 from preprocessor.limits import Limits
@@ -102,7 +103,7 @@ def image_cost(opened: Sequence[OpenedImage], limits: Limits) -> int:
 def decode_image(opened: OpenedImage, limits: Limits) -> PILImage.Image:
     with _pil_errors(opened.part, limits):
         opened.image.load()
-        return opened.image.convert("RGB")
+        return on_white(opened.image)
 
 
 @contextmanager
@@ -167,3 +168,13 @@ def _from_path(path: str, part: Image, limits: Limits) -> bytes:
     except OSError as exc:  # a name too long, a loop of links, a file swapped for a link, unreadable
         raise InvalidArgument(f"{part.where}: image path {path[:200]!r} cannot be opened "
                               f"({exc.strerror or type(exc).__name__})") from None
+
+
+def on_white(img: PILImage.Image) -> PILImage.Image:
+    """RGB with any transparency painted onto white, as HF's processors (`do_convert_rgb`) and vLLM do.
+
+    A plain convert("RGB") keeps whatever colour sits under transparent pixels (black, mostly), so a
+    transparent picture would mean something else here than under HF or vLLM.
+    """
+    # Even an RGB picture may carry a transparent colour (a PNG tRNS chunk); HF paints that white too.
+    return PILImage.fromarray(convert_to_rgb(img, return_numpy=True))

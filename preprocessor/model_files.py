@@ -25,6 +25,9 @@ class ModelFiles:
     sentinels: Sentinels
     base_vocab: int  # len(tokenizer) before the sentinels were added
     image_placeholder: str | None  # the text the processor expands per image, e.g. "<image>"
+    # Characters of the longest vocabulary entry (added tokens included): no token covers more characters of text
+    # (a byte-level entry spells one byte per character), so text longer than max_model_len times this cannot fit.
+    longest_token: int = 1
 
     def check_text(self, text: str, where: object, what: str = "text") -> None:
         """Caller strings that reach the rendered prompt may contain neither a sentinel (read as a prompt_embeds
@@ -76,10 +79,11 @@ def load_model_files(path: str | Path, max_embeds_parts: int = MAX_EMBEDS_PARTS)
         raise FailedPrecondition(f"cannot load the tokenizer/processor of {path}: {type(exc).__name__}: "
                                  f"{exc}") from exc
     base_vocab = len(tokenizer)
+    longest = max(map(len, tokenizer.get_vocab()), default=1)  # (before the sentinels, which callers cannot send)
     sentinels = Sentinels.register(tokenizer, max_embeds_parts)
     template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
     placeholder = getattr(processor, "image_token", None) if processor is not None else None
     placeholder = str(placeholder) if placeholder is not None else None  # some processors keep an AddedToken
     log.info("loaded %s: %s, vocab %d, sentinels %d..%d", path, type(processor or tokenizer).__name__, base_vocab,
              sentinels.ids[0], sentinels.ids[-1])
-    return ModelFiles(path, tokenizer, processor, template, sentinels, base_vocab, placeholder)
+    return ModelFiles(path, tokenizer, processor, template, sentinels, base_vocab, placeholder, longest)

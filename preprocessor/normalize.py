@@ -45,18 +45,18 @@ class Normalized:
 MAX_KWARGS_DEPTH = 32
 
 
-def _kwarg_strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+def kwarg_strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     if isinstance(value, str):
         yield where, value
     elif depth >= MAX_KWARGS_DEPTH:
         raise InvalidArgument(f"{where}: chat_template_kwargs are nested deeper than {MAX_KWARGS_DEPTH} levels")
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _kwarg_strings(k, f"{where} (a key)", depth + 1)
-            yield from _kwarg_strings(v, f"{where}[{k!r}]", depth + 1)
+            yield from kwarg_strings(k, f"{where} (a key)", depth + 1)
+            yield from kwarg_strings(v, f"{where}[{k!r}]", depth + 1)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            yield from _kwarg_strings(v, f"{where}[{i}]", depth + 1)
+            yield from kwarg_strings(v, f"{where}[{i}]", depth + 1)
 
 
 def _check_reserved(conv: Conversation, files: ModelFiles) -> None:
@@ -67,14 +67,14 @@ def _check_reserved(conv: Conversation, files: ModelFiles) -> None:
             if isinstance(part, Text):
                 files.check_text(part.text, part.where)
     for key, value in conv.template_kwargs.items():
-        for where, text in _kwarg_strings(value, f"chat_template_kwargs[{key!r}]"):
+        for where, text in kwarg_strings(value, f"chat_template_kwargs[{key!r}]"):
             files.check_text(text, where)
     # An override may print image placeholders itself (llava's does), but no sentinel.
     if conv.chat_template:
         files.sentinels.check_text(conv.chat_template, "", "chat_template")
 
 
-def _check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits,
+def check_counts(n_images: int, n_embeds: int, info: ModelInfo, files: ModelFiles, limits: Limits,
                   first_image: object = "") -> None:
     if n_images > limits.max_images:
         raise InvalidArgument(f"the request has {n_images} images; at most {limits.max_images}")
@@ -93,7 +93,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     template (the sandbox; or a prompt rendered beforehand)."""
     check_template_policy(conv, limits.trust_request_chat_template, limits.max_chat_template_bytes)
     images, embeds = conv.parts(Image), conv.parts(Embeds)
-    _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
+    check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
     # Every image's header is checked, and the request's pixels together, before anything is decoded; what
     # decoding them holds is charged to the request's admission first.
@@ -123,7 +123,7 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     if not parts:
         raise InvalidArgument("prompt is empty")
     embeds = [p for p in parts if isinstance(p, Embeds)]
-    _check_counts(0, len(embeds), info, files, limits)
+    check_counts(0, len(embeds), info, files, limits)
     # No sentinels: a caller's ID may equal a sentinel ID (padded embedding tables), so spans come from the
     # part boundaries and each embeds part holds filler positions.
     ids: list[int] = []

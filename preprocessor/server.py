@@ -12,7 +12,7 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from preprocessor.admission import Admission
 from preprocessor.core import PreprocessorCore
@@ -62,20 +62,27 @@ class PreprocessorServer:
         """Binds and starts serving; returns the bound port (a free one when port == 0)."""
         # metrics, errors -> status codes, the key, admission and drain: one wrapper around each splice.v1 handler.
         # Drain inside admission: a call refused while draining gives its admitted bytes back on the way out.
-        guard = CallGuard(self._drain, api_key=self.security.api_key, admission=self.admission)
+        # With a key, reflection (the API's description, like the HTTP docs) needs it too unless opened.
+        keyed_reflection = bool(self.security.api_key) and not self.security.open_docs
+        guard = CallGuard(self._drain, api_key=self.security.api_key, admission=self.admission,
+                          also=(f"/{reflection.SERVICE_NAME}/",) if keyed_reflection else ())
         tls = self.security.tls
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         guard.register(preprocessor_pb2_grpc.add_PreprocessorServicer_to_server,
                        PreprocessorServicer(self.link.core, self.admission), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        guard.register(reflection_pb2_grpc.add_ServerReflectionServicer_to_server,
+                       reflection.aio.ReflectionServicer([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]),
+                       server)
         self.port = bind(server, self.host, self.port, tls.credentials() if tls else None)
         if self._http_options is not None:
             from preprocessor.http.app import build_app  # FastAPI is imported only when the face is on
             from preprocessor.http.server import HttpServer
 
             app = build_app(self.link, self._http_options, self.admission)
-            self._http = HttpServer(app, self.host, self._http_options.port, self._http_options.drain_grace, tls)
+            options = self._http_options
+            self._http = HttpServer(app, self.host, options.port, options.drain_grace, tls, options.header_timeout,
+                                    options.max_connections)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()

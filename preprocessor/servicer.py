@@ -11,6 +11,7 @@ import grpc
 from preprocessor.admission import Admission, Ticket
 from preprocessor.convert import conversation_from_pb, prompt_from_pb
 from preprocessor.core import PreprocessorCore
+from preprocessor.request_bounds import check_counts_only
 from preprocessor.upload import UploadAssembler
 from splice.errors import DeadlineExceeded, InvalidArgument
 from splice.sampling import SamplingParams
@@ -28,6 +29,14 @@ async def _next_part(parts: AsyncIterator[preprocessor_pb2.UploadPart], received
                                f"abandoned (--upload-idle-timeout)") from None
 
 
+def _conversation(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest, streamed=None):
+    """The request's conversation; its message and part counts checked first (request_bounds.py): converting 100k
+    messages would take a second of its own."""
+    parts = sum(len(m.content) or 1 for m in request.messages)
+    check_counts_only(len(request.messages), parts, core.info)
+    return conversation_from_pb(request, streamed)
+
+
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     def __init__(self, core: Callable[[], PreprocessorCore], admission: Admission | None = None) -> None:
         # A getter, not the core: the engine link swaps the core when the engine (re)appears; it raises
@@ -39,7 +48,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Chat(self, request: preprocessor_pb2.ChatRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
-        conv = conversation_from_pb(request)
+        conv = _conversation(core, request)
         sampling = SamplingParams.from_pb(request.sampling)
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
         async with aclosing(core.chat(conv, sampling, request.request_id)) as chunks:
@@ -79,7 +88,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             request, streamed = upload.finish()
             sampling = SamplingParams.from_pb(request.sampling)
             if isinstance(request, preprocessor_pb2.ChatRequest):
-                chunks = core.chat(conversation_from_pb(request, streamed), sampling, request.request_id)
+                chunks = core.chat(_conversation(core, request, streamed), sampling, request.request_id)
             else:
                 chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id)
             async with aclosing(chunks) as chunks:
@@ -94,7 +103,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         core = self._core()
         kind = request.WhichOneof("input")
         if kind == "chat":
-            return (await core.tokenize_chat(conversation_from_pb(request.chat))).to_pb()
+            return (await core.tokenize_chat(_conversation(core, request.chat))).to_pb()
         if kind == "text":  # in a thread: long texts would stall every stream
             result = await asyncio.to_thread(core.tokenize_text, request.text, request.add_special_tokens)
             return result.to_pb()

@@ -8,7 +8,8 @@ In this order, outermost first:
 Why not grpc.aio interceptors: each one costs, per call, a coroutine in gRPC's interceptor chain, a rebuilt
 method handler and one more async-generator layer every streamed message passes through; four of them were a
 measurable part of the time to first token. Here the handlers are wrapped once, at registration (`register`),
-so a call pays for one coroutine layer and nothing else; health and reflection are registered untouched.
+so a call pays for one coroutine layer and nothing else; health is registered untouched, reflection too unless the
+server asks for it to be guarded (`also`).
 
 A unary request reaches the wrapper as raw bytes (its deserializer is removed) and is parsed only once the call
 was authorized and admitted: a refused message is never parsed, as before. A client stream's messages are
@@ -91,9 +92,12 @@ class CallGuard:
     are admitted by their raw message size (client streams admit themselves in their servicer); `drain`: refuses
     new calls while the server drains and counts the running ones."""
 
-    def __init__(self, drain: Drain, api_key: str | None = None, admission: Admission | None = None) -> None:
+    def __init__(self, drain: Drain, api_key: str | None = None, admission: Admission | None = None,
+                 also: tuple[str, ...] = ()) -> None:
+        """`also`: method prefixes guarded besides splice.v1's, e.g. reflection's when the key covers it."""
         self.drain = drain
         self.admission = admission
+        self.prefixes = (PREFIX, *also)
         self._expected = f"Bearer {api_key}".encode() if api_key else None
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
@@ -112,8 +116,8 @@ class CallGuard:
         add_to_server(servicer, _Registrar(server, self))
 
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """`handler` with the guard's work around it; handlers outside splice.v1 are returned as they are."""
-        if not method.startswith(PREFIX):
+        """`handler` with the guard's work around it; handlers outside its prefixes are returned as they are."""
+        if not method.startswith(self.prefixes):
             return handler
         parse = _tolerant(handler.request_deserializer) or (lambda data: data)
         ser = handler.response_serializer

@@ -15,6 +15,17 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LEN = 256
 # Below this a temperature is greedy: dividing logits by it would overflow to inf and softmax to NaN.
 GREEDY_EPS = 1e-5
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+# Each integer field's range, [low, high]: what it means, within what its wire type (common.proto) holds. Checked
+# here for every caller, so that no value reaches to_pb that protobuf cannot hold; the HTTP schemas bound their
+# fields with these same numbers (preprocessor/http/schemas.py).
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "top_k": (0, INT32_MAX),  # int32; 0 = off
+    "seed": (0, 2**63 - 1),  # uint64, kept within a signed 64-bit generator seed
+    "max_tokens": (1, UINT32_MAX),  # uint32
+    "stop_token_ids": (0, INT32_MAX),  # int32 token IDs
+}
 
 
 @dataclass(frozen=True)
@@ -36,14 +47,13 @@ class SamplingParams:
             raise InvalidArgument(f"sampling.temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidArgument(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not (0 <= self.seed < 2**63):
-            raise InvalidArgument(f"sampling.seed must be in [0, 2^63), got {self.seed}")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidArgument(f"sampling.stop_token_ids must be >= 0, got {list(self.stop_token_ids)}")
+        _check_range("top_k", self.top_k)
+        if self.max_tokens is not None:
+            _check_range("max_tokens", self.max_tokens)
+        if self.seed is not None:
+            _check_range("seed", self.seed)
+        for i, t in enumerate(self.stop_token_ids):
+            _check_range("stop_token_ids", t, f"[{i}]")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidArgument(f"sampling.stop holds {len(self.stop)} strings; at most {MAX_STOP_STRINGS}")
         for i, s in enumerate(self.stop):
@@ -85,3 +95,9 @@ class SamplingParams:
         if self.max_tokens is not None:
             pb.max_tokens = self.max_tokens
         return pb
+
+
+def _check_range(name: str, value: int, index: str = "") -> None:
+    low, high = INT_RANGES[name]
+    if not low <= value <= high:
+        raise InvalidArgument(f"sampling.{name}{index} must be in [{low}, {high}], got {value}")

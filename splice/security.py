@@ -3,8 +3,8 @@
 TLS: a server with a certificate and key serves TLS; given a CA too, it requires client certificates signed by
 it (mTLS). A client trusts the given CA (else the system roots) and may present its own certificate.
 Tokens: a server with a key answers UNAUTHENTICATED to any splice.v1 call without `authorization: Bearer KEY`
-metadata, before the request is parsed or admitted (splice/call_guard.py); health and reflection stay open (probes
-carry no key).
+metadata, before the request is parsed or admitted (splice/call_guard.py); health stays open (probes carry no key);
+the preprocessor's reflection needs the key too unless `open_docs`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Security:
 
     tls: ServerTLS | None = None
     api_key: str | None = None  # callers must present it (the public API: gRPC and HTTP alike)
+    open_docs: bool = False  # with api_key: the API's description (gRPC reflection, HTTP docs) stays open
     engine_tls: ClientTLS | None = None
     engine_api_key: str | None = None  # what the preprocessor presents to the engine
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from splice.errors import SpliceError
 
-# --model value (a tiny name, folder or cached HF id) -> a local HF folder. The layer above the services
+# --model value (a built-in name, folder or HF id) -> a local HF folder. The layer above the services
 # supplies it (app.models.resolve_model), so a service never imports the tiny-model builder.
 Resolve = Callable[[str], str]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -11,8 +11,8 @@ from transformers import AutoProcessor
 
 from app.models import model_note
 from app.tiny import DEFAULT_MODEL, TINY_MODELS, colors
-from app.tiny.builder import _build_idefics3
 from app.tiny.corpus import CORPUS
+from app.tiny.families.idefics3 import build_idefics3
 from app.tiny.train import TrainConfig, prompt_ids, train_colors
 
 
@@ -89,7 +89,7 @@ def test_answers_are_read_back():
 
 def _train_short(out, threads_before: int) -> bytes:
     torch.manual_seed(0)
-    _build_idefics3(out, corpus=CORPUS + colors.corpus())
+    build_idefics3(out, corpus=CORPUS + colors.corpus())
     torch.set_num_threads(threads_before)
     train_colors(out, seed=0, config=TrainConfig(steps=3, batch=4, pictures_per_color=1))
     assert torch.get_num_threads() == threads_before, "the trainer restores the caller's thread count"
@@ -106,5 +106,5 @@ def test_training_is_deterministic_whatever_the_callers_thread_count(tmp_path):
     assert first == second
     untrained = tmp_path / "c"
     torch.manual_seed(0)
-    _build_idefics3(untrained, corpus=CORPUS + colors.corpus())
+    build_idefics3(untrained, corpus=CORPUS + colors.corpus())
     assert (untrained / "model.safetensors").read_bytes() != first, "training changed the weights"

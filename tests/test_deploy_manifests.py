@@ -1,6 +1,7 @@
 """deploy/kubernetes/ cannot rot: every manifest validates strictly against Kubernetes' own schemas (offline,
 kubernetes-validate), every container command parses with Splice's own CLI, and the pieces point at each other:
-selectors, the headless engine Service the preprocessor's dns:/// target names, gRPC probes on the real services."""
+selectors, the headless engine Service the preprocessor's dns:/// target names, gRPC probes on the real services,
+the NetworkPolicy that lets only preprocessors reach the engine, and the engine key's one Secret."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from app.cli import build_parser
+from splice.security import ENGINE_KEY_ENV
 from splice.v1 import engine_pb2, preprocessor_pb2
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
@@ -99,3 +101,45 @@ def test_probes_ask_grpc_health_of_the_real_services():
         readiness = container["readinessProbe"]["grpc"]
         assert readiness["service"] in SERVICES, name
         assert readiness["port"] == _args(container)[1].port
+
+
+def _pod_labels(component: str) -> list[dict]:
+    return [d["spec"]["template"]["metadata"]["labels"] for d in _kind("Deployment").values()
+            if d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # matchExpressions would need evaluating
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_only_preprocessor_pods_reach_the_engine():
+    engines, preprocessors = _pod_labels("engine"), _pod_labels("preprocessor")
+    engine_port = _args(next(c for _, _, c in _containers() if _args(c)[0] == "engine"))[1].port
+    policies = [p for p in _kind("NetworkPolicy").values()
+                if all(_selects(p["spec"]["podSelector"], labels) for labels in engines)]
+    assert policies, "no NetworkPolicy selects every engine pod (CPU and GPU)"
+    for policy in policies:
+        assert "Ingress" in policy["spec"]["policyTypes"]
+        for rule in policy["spec"].get("ingress", []):
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if ports and engine_port not in ports:
+                continue  # e.g. metrics
+            peers = rule.get("from")
+            assert peers, f"{policy['metadata']['name']}: the engine port is open to every pod"
+            for peer in peers:  # a pod selector alone: this namespace's pods that it selects
+                assert set(peer) == {"podSelector"}, peer
+                assert all(_selects(peer["podSelector"], labels) for labels in preprocessors)
+                assert not any(_selects(peer["podSelector"], labels) for labels in engines)
+
+
+def test_the_engine_key_comes_from_one_secret_in_both_deployments():
+    refs = {}
+    for name, _, container in _containers():
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert ENGINE_KEY_ENV in env, name
+        refs[name] = env[ENGINE_KEY_ENV]["valueFrom"]["secretKeyRef"]
+        assert not any("api-key" in arg for arg in container["command"]), name  # argv is readable by `ps`
+    assert {_args(c)[0] for _, _, c in _containers()} == {"engine", "preprocessor"}
+    assert len({(r["name"], r["key"]) for r in refs.values()}) == 1, refs
+    assert not any(r.get("optional") for r in refs.values())  # no key, no pod: never an open engine

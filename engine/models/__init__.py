@@ -1,6 +1,7 @@
 """Model families: one file per HF architecture family, on the contract in base.py.
 
-Adding a family = one file here + its entry in FAMILIES + a tiny builder entry (app/tiny) + its tests.
+Adding a family = one file here + its entry in FAMILIES + its tiny builder (app/tiny/families/, listed in
+app/tiny/builder.py) + its tests.
 """
 
 from __future__ import annotations

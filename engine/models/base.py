@@ -84,6 +84,26 @@ class ImageGeometry(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SquareImages:
+    """[images, channels, side, side] pixels -> the same number of feature rows for every image (LLaVA's patches,
+    Gemma 3's pooled soft tokens; Gemma 3's pan-and-scan crops are images too)."""
+
+    channels: int
+    image_size: int
+    rows_per_image: int
+
+    def expected_rows(self, inputs: dict[str, torch.Tensor]) -> int:
+        check_names(inputs, ("pixel_values",), ("pixel_values",))
+        pv = inputs["pixel_values"]  # [images, channels, height, width]
+        want = (self.channels, self.image_size, self.image_size)
+        if pv.dim() != 4 or tuple(pv.shape[1:]) != want:
+            raise InvalidArgument(
+                f"pixel_values: shape {list(pv.shape)}, expected [images, {', '.join(map(str, want))}]")
+        check_float("pixel_values", pv)
+        return pv.shape[0] * self.rows_per_image
+
+
 class ModelFamily:
     """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a slot KV cache."""
 

@@ -8,37 +8,12 @@ the embedding module, so the looked-up rows (what prompt_embeds must match) are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, Prompt, StepInputs, check_float, check_names, feature_rows
-from splice.errors import FailedPrecondition, InvalidArgument
-
-
-@dataclass(frozen=True)
-class Gemma3Images:
-    """[images, channels, side, side] pixels (pan-and-scan crops are images too) -> a fixed run per image."""
-
-    channels: int
-    image_size: int
-    tokens_per_image: int  # the patch grid average-pooled to mm_tokens_per_image soft tokens
-
-    @classmethod
-    def from_config(cls, config: Any) -> Gemma3Images:
-        vc = config.vision_config
-        return cls(vc.num_channels, vc.image_size, config.mm_tokens_per_image)
-
-    def expected_rows(self, inputs: dict[str, torch.Tensor]) -> int:
-        check_names(inputs, ("pixel_values",), ("pixel_values",))
-        pv = inputs["pixel_values"]  # [images, channels, height, width]
-        want = (self.channels, self.image_size, self.image_size)
-        if pv.dim() != 4 or tuple(pv.shape[1:]) != want:
-            raise InvalidArgument(
-                f"pixel_values: shape {list(pv.shape)}, expected [images, {', '.join(map(str, want))}]")
-        check_float("pixel_values", pv)
-        return pv.shape[0] * self.tokens_per_image
+from engine.models.base import ModelFamily, Prompt, SquareImages, StepInputs, feature_rows
+from splice.errors import FailedPrecondition
 
 
 def image_blocks(image_mask: torch.Tensor) -> torch.Tensor:
@@ -64,7 +39,9 @@ class Gemma3(ModelFamily):
         # HF caps the final logits in Gemma3ForCausalLM only; Gemma3ForConditionalGeneration ignores the setting.
         self.softcap: float | None = None if vision else tc.final_logit_softcapping
         if vision:
-            self.images = Gemma3Images.from_config(self.config)
+            # each image's patch grid average-pooled to mm_tokens_per_image soft tokens
+            vc = self.config.vision_config
+            self.images = SquareImages(vc.num_channels, vc.image_size, self.config.mm_tokens_per_image)
 
     def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)

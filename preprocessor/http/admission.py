@@ -1,38 +1,134 @@
-"""The HTTP face's side of admission control (preprocessor/admission.py): an ASGI middleware that admits each
-API request by its Content-Length before the body is read, and holds its place until the response is sent.
-A body without Content-Length (chunked) is admitted by count only; uvicorn still bounds nothing for it, so
-deployments behind a proxy should let the proxy require the header."""
+"""The HTTP face's side of admission control (preprocessor/admission.py): an ASGI middleware that admits each API
+request before its body is read, and counts the body's bytes as they arrive.
+
+- A body larger than the byte cap (--max-inflight-request-bytes) is a 413 on any route, unknown ones too: by its
+  Content-Length before a byte is read, or (chunked, no Content-Length) at the chunk that passes the cap.
+- An API request holds a place and its bytes until its response is sent: by Content-Length at once, or chunk by
+  chunk as they arrive; bytes that do not fit beside other requests' are a 429 (retry later).
+- A body that stays silent for `idle` seconds while it is read (--upload-idle-timeout) is a 408: a client that
+  trickles a body (slow POST) cannot hold its place, or a connection, for longer.
+- A response sent before the request's body was read to its end closes the connection: uvicorn would otherwise
+  read and drop the rest (however large) to reuse the connection, for a route that never wanted it.
+"""
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+import asyncio
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preprocessor.admission import Admission
-from preprocessor.http.errors import splice_error_body
+from preprocessor.http.errors import error_response
 from splice.errors import ResourceExhausted
 
 ADMITTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+CLOSE = (b"connection", b"close")
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, cap: int) -> None:
+        super().__init__(413, f"the request body is larger than {cap} bytes, the most the preprocessor holds for "
+                              f"requests at once (--max-inflight-request-bytes)")
+
+
+class BodyTimeout(HTTPException):
+    def __init__(self, idle: float, received: int) -> None:
+        super().__init__(408, f"the request body sent nothing for {idle:g} s after {received} bytes; it is abandoned "
+                              f"(--upload-idle-timeout)")
+
+
+class NoRoom(HTTPException):
+    """ResourceExhausted while a body arrives, as an HTTPException: FastAPI passes those on from its body reading
+    (any other exception there becomes a 400 "error parsing the body")."""
+
+    def __init__(self, exc: ResourceExhausted) -> None:
+        super().__init__(429, exc.message)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value)  # h11 refused the request already unless it is one decimal number
+    return None
+
+
+def has_body(scope: Scope) -> bool:
+    """The request sends a body: a Content-Length above 0, or a chunked one (h11 allows nothing else)."""
+    length = _content_length(scope)
+    if length is not None:
+        return length > 0
+    return any(name == b"transfer-encoding" for name, _ in scope["headers"])
+
+
+class _CountedBody:
+    """`receive` and `send` of one request: the body's bytes counted (against the cap, and into the ticket when
+    they were not admitted by Content-Length), and the connection closed by a response that leaves some unread."""
+
+    def __init__(self, receive: Receive, send: Send, cap: int, unread: bool, idle: float | None) -> None:
+        self._receive, self._send = receive, send
+        self.cap, self.idle = cap, idle
+        self.unread = unread  # more body to come
+        self.received = 0
+        self.ticket = None  # grows by each chunk: a chunked API request's
+
+    async def receive(self) -> Message:
+        if not self.unread or self.idle is None:  # (after the body: the disconnect, whenever it comes)
+            message = await self._receive()
+        else:
+            try:
+                message = await asyncio.wait_for(self._receive(), self.idle)
+            except TimeoutError:
+                raise BodyTimeout(self.idle, self.received) from None
+        if message["type"] == "http.request":
+            n = len(message.get("body", b""))
+            self.received += n
+            self.unread = self.unread and message.get("more_body", False)
+            if self.received > self.cap:
+                raise BodyTooLarge(self.cap)
+            if self.ticket is not None and n:
+                try:
+                    self.ticket.grow(n)
+                except ResourceExhausted as exc:
+                    raise NoRoom(exc) from None
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and self.unread:
+            message = {**message, "headers": [*message.get("headers", ()), CLOSE]}
+        await self._send(message)
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission, idle: float | None = None) -> None:
+        """`idle`: seconds a body may stay silent while it is read (None: no limit)."""
         self.app = app
         self.admission = admission
+        self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(ADMITTED_PREFIXES):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length", b"0")
+        length = _content_length(scope)
+        cap = self.admission.max_bytes
+        body = _CountedBody(receive, send, cap, has_body(scope), self.idle)
+        ticket = None
         try:
-            ticket = self.admission.enter(int(length) if length.isdigit() else 0)
+            if length is not None and length > cap:
+                raise BodyTooLarge(cap)
+            if scope["path"].startswith(ADMITTED_PREFIXES):
+                ticket = self.admission.enter(length or 0)
+        except BodyTooLarge as exc:
+            await error_response(413, exc.detail, "RESOURCE_EXHAUSTED")(scope, receive, body.send)
+            return
         except ResourceExhausted as exc:
-            from fastapi.responses import JSONResponse
-
-            status, body = splice_error_body(exc)
-            await JSONResponse(body, status_code=status)(scope, receive, send)
+            await error_response(429, exc.message, exc.code)(scope, receive, body.send)
             return
+        if ticket is not None and length is None:
+            body.ticket = ticket
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, body.receive, body.send)
         finally:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()

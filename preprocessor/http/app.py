@@ -1,5 +1,6 @@
 """The FastAPI app of the OpenAI-compatible face: each route is decode -> one core call -> encode, like the
-gRPC servicer, on the engine link's current core. OpenAPI page at /docs.
+gRPC servicer, on the engine link's current core. OpenAPI page at /docs. With a key, every route but /health
+needs it (auth.py), /metrics and the docs unless opened.
 """
 
 from __future__ import annotations
@@ -8,19 +9,21 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from importlib.metadata import version as _dist_version
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preprocessor.admission import Admission
+from preprocessor.content import Conversation
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
-from preprocessor.http.auth import bearer_check
+from preprocessor.http.auth import KeyMiddleware
 from preprocessor.http.errors import error_response, install_error_handlers
-from preprocessor.http.media import fetch_images
+from preprocessor.http.media import fetch_remote_images
 from preprocessor.http.options import HttpOptions
 from preprocessor.http.responses import ChatShape, Shape
 from preprocessor.http.schemas import (
@@ -31,10 +34,12 @@ from preprocessor.http.schemas import (
     TokenizeRequest,
 )
 from preprocessor.http.streaming import ClientGone, stream_response, whole_response
+from preprocessor.request_bounds import check_counts_only
 from splice.errors import NotFound
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
 CLIENT_CLOSED = 499
+SPLICE_VERSION = _dist_version("splice")
 
 
 def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
@@ -51,13 +56,35 @@ def _token_texts(core: PreprocessorCore):
     return texts
 
 
+async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
+                        options: HttpOptions) -> Conversation:
+    """The body's conversation, checked against the request bounds (sizes, image count) before any remote image is
+    fetched, then with those images fetched."""
+    # The counts first, from the body: converting 100k messages would take seconds of its own.
+    parts = sum(len(m.content) if isinstance(m.content, list) else 1 for m in body.messages)
+    check_counts_only(len(body.messages), parts, core.info)
+    conv = convert.conversation_from_http(body)
+    core.check_conversation(conv)
+    return await fetch_remote_images(conv, options, core.limits.max_image_bytes)
+
+
+def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
+    """What stays open when a key is set, besides /health: metrics and the API docs, each when its flag says so."""
+    paths = ["/metrics"] if options.open_metrics else []
+    if options.open_docs:
+        paths += [p for p in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    return paths
+
+
 def build_app(link: EngineLink, options: HttpOptions, admission: Admission | None = None) -> FastAPI:
     """`admission`: shared with the gRPC face, so one set of caps covers both."""
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
     install_error_handlers(app)
     if admission is not None:
-        app.add_middleware(AdmissionMiddleware, admission=admission)
-    api = APIRouter(dependencies=[Depends(bearer_check(options.api_key))])
+        app.add_middleware(AdmissionMiddleware, admission=admission, idle=options.body_idle_timeout)
+    if options.api_key:  # added last: outermost, so a request without the key is not even admitted
+        app.add_middleware(KeyMiddleware, api_key=options.api_key, open_paths=_open_paths(app, options))
+    api = APIRouter()
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -67,8 +94,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
         sampling = convert.chat_sampling(body)
-        fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
-        conv = convert.conversation_from_http(body, fetched)
+        conv = await _conversation(core, body, options)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
@@ -101,8 +127,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def tokenize(body: TokenizeRequest) -> dict:
         core = _core(link, body.model)
         if isinstance(body, TokenizeChatRequest):
-            fetched = await fetch_images(convert.remote_images(body.messages), options, core.limits.max_image_bytes)
-            conv = convert.conversation_from_http(body, fetched)
+            conv = await _conversation(core, body, options)
             result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
@@ -120,6 +145,10 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         if link.serving:
             return Response(status_code=200)
         return error_response(503, f"not serving: the engine at {link.target} is not reachable", "UNAVAILABLE")
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": SPLICE_VERSION}  # open, as vLLM's /version and /health
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,14 +1,14 @@
 """OpenAI/vLLM request bodies -> the core's dataclasses (content.py, SamplingParams). The HTTP twin of
 preprocessor/convert.py: after this, a request is the same whichever face it came through.
 
-Remote (http/https) images are fetched before conversion (media.py); their bytes arrive in `fetched`.
+Remote (http/https) images become Image("url", URL) parts here, unfetched: the conversation is checked against
+the request bounds first, then media.py fetches them in its place.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -29,8 +29,6 @@ from splice.sampling import SamplingParams
 SAFETENSORS_MARKER = "safetensors:"
 REMOTE_SCHEMES = ("http", "https")
 
-Fetched = Mapping[Where, bytes]  # bytes of each remote image part, by its location
-
 
 def embeds_from_http(data: str, where: Where) -> Embeds:
     if data.startswith(SAFETENSORS_MARKER):
@@ -43,13 +41,15 @@ def embeds_from_http(data: str, where: Where) -> Embeds:
     return Embeds("torch_base64", data, where)
 
 
-def image_from_http(url: str, where: Where, fetched: Fetched) -> Image:
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if scheme == "data":
+def scheme(url: str) -> str:
+    return url.split(":", 1)[0].lower() if ":" in url else ""
+
+
+def image_from_http(url: str, where: Where) -> Image:
+    kind = scheme(url)
+    if kind == "data" or kind in REMOTE_SCHEMES:  # (remote: fetched by media.py before normalization)
         return Image("url", url, where)
-    if scheme in REMOTE_SCHEMES:
-        return Image("data", fetched[where], where)
-    if scheme == "file":
+    if kind == "file":
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
             raise InvalidArgument(f"{where}: file: URLs must name a local path (file:///...), got host "
@@ -58,35 +58,24 @@ def image_from_http(url: str, where: Where, fetched: Fetched) -> Image:
     raise InvalidArgument(f"{where}: image_url must be a data:, http(s): or file: URL, got {url[:40]!r}")
 
 
-def _part(part: object, where: Where, fetched: Fetched) -> Part:
+def _part(part: object, where: Where) -> Part:
     if isinstance(part, ImageUrlPart):
-        return image_from_http(part.image_url.url, where, fetched)
+        return image_from_http(part.image_url.url, where)
     if isinstance(part, PromptEmbedsPart):
         return embeds_from_http(part.data, where)
     return Text(part.text, where)  # TextPart: the schema's discriminator admits nothing else
 
 
-def message_from_http(msg: ChatMessage, index: int, fetched: Fetched) -> Message:
+def message_from_http(msg: ChatMessage, index: int) -> Message:
     if msg.content is None or isinstance(msg.content, str):
         return Message(msg.role, (Text(msg.content or "", Where(index, 0)),), True, index)
-    parts = tuple(_part(p, Where(index, i), fetched) for i, p in enumerate(msg.content))
+    parts = tuple(_part(p, Where(index, i)) for i, p in enumerate(msg.content))
     return Message(msg.role, parts, False, index)
 
 
-def remote_images(messages: list[ChatMessage]) -> list[tuple[Where, str]]:
-    """The http(s) image URLs of a conversation, with their locations: what media.py must fetch."""
-    out = []
-    for i, msg in enumerate(messages):
-        if isinstance(msg.content, list):
-            for k, part in enumerate(msg.content):
-                if isinstance(part, ImageUrlPart) and part.image_url.url.split(":", 1)[0].lower() in REMOTE_SCHEMES:
-                    out.append((Where(i, k), part.image_url.url))
-    return out
-
-
-def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest, fetched: Fetched) -> Conversation:
+def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
     return Conversation(
-        messages=tuple(message_from_http(m, i, fetched) for i, m in enumerate(body.messages)),
+        messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
         template_kwargs=dict(body.chat_template_kwargs or {}),

@@ -83,7 +83,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(exc.status_code, "INVALID_ARGUMENT")
+        code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED", 408: "DEADLINE_EXCEEDED", 413: "RESOURCE_EXHAUSTED",
+                429: "RESOURCE_EXHAUSTED"}.get(exc.status_code, "INVALID_ARGUMENT")
         return error_response(exc.status_code, str(exc.detail), code)
 
     @app.exception_handler(Exception)

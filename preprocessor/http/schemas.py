@@ -2,17 +2,89 @@
 
 Unknown fields are ignored, as OpenAI's and vLLM's servers do, so tools that send `user` or `metadata`
 work. Fields we cannot honour are accepted only at their neutral value (see convert.py).
+
+Every integer field has one of the bounded types below, never a bare `int`: JSON integers have no size, and a
+value past what the field means (or what its protobuf type holds) must be a 400 naming the field, not an
+overflow later (tests/preprocessor/test_http_fields.py walks the schemas for bare ints).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from splice.sampling import INT32_MAX, INT_RANGES
+
+
+def _in(low: int, high: int) -> Any:
+    return Field(ge=low, le=high)
+
+
+# The sampling fields take their range from SamplingParams (splice/sampling.py), the one place that declares it.
+MaxTokens = Annotated[int, _in(*INT_RANGES["max_tokens"])]
+Seed = Annotated[int, _in(*INT_RANGES["seed"])]
+TopK = Annotated[int, _in(-1, INT_RANGES["top_k"][1])]  # vLLM's -1 = off, as 0
+TokenId = Annotated[int, _in(0, INT32_MAX)]  # int32 on the wire; the engine's vocabulary bounds it further
+Count = Annotated[int, _in(0, INT32_MAX)]  # n, logprobs: their exact rules are convert.py's, with clearer messages
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+# JSON's \ud800 escapes decode to lone surrogates: Python strings, but not text (no UTF-8 encodes them), so a
+# tokenizer, a template or a JSON answer echoing them would fail. Any JSON string may hold one: keys, extra fields,
+# chat_template_kwargs.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where the first string (in a walk of parsed JSON) holding a lone surrogate is, e.g. "messages[0].content";
+    None when there is none. Iterative: JSON nests as deep as its parser allowed. The walk keeps no paths (a body may
+    hold 100k messages); the path of a string found is looked up by a second walk."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() and _SURROGATE.search(item):
+                return _path_to(value, item)
+        elif kind is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+    return None
+
+
+def _path_to(value: Any, target: str) -> str:
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if item is target:
+            return "".join(path).lstrip(".") or "body"
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                name = f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!a}]"
+                stack.append((key, (*path, name, " (a key)")))
+                stack.append((inner, (*path, name)))
+        elif isinstance(item, list):
+            stack.extend((inner, (*path, f"[{i}]")) for i, inner in enumerate(item))
+    return "body"
+
+
+class _Request(_Body):
+    """A whole request body: its strings are checked for lone surrogates before any field is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        if (where := lone_surrogate(data)) is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape not in a pair), "
+                             f"which is not text")
+        return data
 
 
 class TextPart(_Body):
@@ -49,33 +121,33 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class GenerationFields(_Body):
+class GenerationFields(_Request):
     """Fields both generation endpoints share (OpenAI's and vLLM's extras). Other fields are kept, not dropped:
     convert.UNHONOURED refuses those that ask for a control Splice does not implement."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Count = 1
     # vLLM's extras
-    top_k: int | None = None  # -1 or 0 = off
+    top_k: TopK | None = None  # -1 or 0 = off
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     request_id: str | None = None
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -83,21 +155,21 @@ class ChatCompletionRequest(GenerationFields):
 
 class CompletionRequest(GenerationFields):
     # text, token IDs, or a one-element list of either (OpenAI's batch form, one prompt only)
-    prompt: str | list[int] | list[str] | list[list[int]] | None = None
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] | None = None
     prompt_embeds: str | list[str] | None = None  # vLLM: base64 of torch.save(tensor); "safetensors:" + base64
-    logprobs: int | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
+    logprobs: Count | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
     echo: bool = False
     suffix: str | None = None
 
 
-class TokenizeCompletionRequest(_Body):
+class TokenizeCompletionRequest(_Request):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(_Body):
+class TokenizeChatRequest(_Request):
     model: str | None = None
     messages: list[ChatMessage]
     add_generation_prompt: bool = True
@@ -109,6 +181,6 @@ class TokenizeChatRequest(_Body):
 TokenizeRequest = TokenizeChatRequest | TokenizeCompletionRequest
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

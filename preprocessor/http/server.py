@@ -14,6 +14,7 @@ import ssl
 import uvicorn
 from fastapi import FastAPI
 
+from preprocessor.http.connections import guarded_h11
 from splice.errors import FailedPrecondition
 from splice.security import ServerTLS
 
@@ -44,9 +45,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, host: str, port: int, grace: float = 5.0, tls: ServerTLS | None = None) -> None:
-        """`tls`: HTTPS with the gRPC face's certificate (client certificates required when it has a CA)."""
+    def __init__(self, app: FastAPI, host: str, port: int, grace: float = 5.0, tls: ServerTLS | None = None,
+                 header_timeout: float = 10.0, max_connections: int = 1024) -> None:
+        """`tls`: HTTPS with the gRPC face's certificate (client certificates required when it has a CA).
+        `header_timeout`, `max_connections`: the connection guards (connections.py)."""
         self.host, self.port = host, port
+        self.protocol = guarded_h11(header_timeout, max_connections)
         self.grace = grace
         self.tls = tls
         self._app = app
@@ -63,7 +67,8 @@ class HttpServer:
             if self.tls.ca is not None:
                 ssl_args |= {"ssl_ca_certs": str(self.tls.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
         config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None, log_level="warning",
-                                timeout_keep_alive=30, timeout_graceful_shutdown=self.grace, **ssl_args)
+                                http=self.protocol, timeout_keep_alive=30, timeout_graceful_shutdown=self.grace,
+                                **ssl_args)
         self._server = _OnThisLoop(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
         while not self._server.started:
@@ -72,6 +77,10 @@ class HttpServer:
                 raise FailedPrecondition(f"the HTTP server on {self.host}:{self.port} did not start")
             await asyncio.sleep(0.01)
         return self.port
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._server.server_state.connections) if self._server is not None else 0
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.models.base import SquareImages
 from engine.models.idefics3 import Idefics3Images
-from engine.models.llava import LlavaImages
 from engine.validate import validate_request
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -18,7 +18,7 @@ IMG = 5
 TEXT_INFO = ModelInfo("t", "LlamaForCausalLM", vocab_rows=100, hidden_size=H, dtype="float32", max_model_len=64)
 VLM_INFO = ModelInfo("v", "X", vocab_rows=100, hidden_size=H, dtype="float32", max_model_len=256,
                      image_token_id=IMG, input_kinds=(TEXT, KIND_EMBEDS, IMAGE))
-LLAVA = LlavaImages(channels=3, image_size=16, patch_size=8, select_strategy="default")  # 4 rows per image
+LLAVA = SquareImages(channels=3, image_size=16, rows_per_image=4)  # LLaVA's 8 px patches, CLS dropped
 IDEFICS3 = Idefics3Images(channels=3, image_size=16, patch_size=4, scale_factor=2)  # 4 rows per tile
 
 

@@ -85,7 +85,7 @@ def media_server(media_root):
 
 
 @pytest.fixture(scope="session")
-def http_stack(tiny_dirs, media_root):
+def http_stack(tiny_dirs, media_root, media_server):
     """One engine + preprocessor with the HTTP face (API key, loopback media, engine metrics) for the HTTP tests.
     The key reaches the preprocessor through SPLICE_API_KEY, as users set it; only its process sees it."""
     import os
@@ -94,7 +94,8 @@ def http_stack(tiny_dirs, media_root):
     with mock.patch.dict(os.environ, {"SPLICE_API_KEY": API_KEY}):
         engine, pre = start_stack(
             MODEL, http_port=0, engine_args=["--max-running-seqs", "4", "--metrics-port", "0"],
-            preprocessor_args=["--allowed-media-domains", "127.0.0.1", "--allowed-media-dir", str(media_root),
+            preprocessor_args=["--allowed-media-domains", media_server.removeprefix("http://"),
+                               "--allowed-media-dir", str(media_root),
                                "--max-image-bytes", str(HTTP_MAX_IMAGE_BYTES),
                                "--media-fetch-timeout", str(HTTP_MEDIA_TIMEOUT)])
     yield engine, pre

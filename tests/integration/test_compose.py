@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import grpc
+import pytest
 import yaml
 
 from app.launch import start
 from app.scrape import metrics_address, scrape, total
 from clients import SpliceClient
+from splice.security import ENGINE_KEY_ENV
+from splice.v1 import common_pb2, engine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +32,16 @@ def _free_port() -> int:
 
 
 def _expand(value: str) -> str:
-    """Compose's ${VAR:-default} interpolation against this environment."""
-    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1), m.group(2)), value)
+    """Compose's ${VAR:-default} and ${VAR:?error} interpolation against this environment."""
+    def one(match: re.Match) -> str:
+        name, kind, text = match.groups()
+        if os.environ.get(name):
+            return os.environ[name]
+        if kind == "?":  # compose refuses to start
+            raise KeyError(f"{name}: {text}")
+        return text
+
+    return re.sub(r"\$\{(\w+):([-?])([^}]*)\}", one, value)
 
 
 def _localize(argv: list[str], ports: dict[str, int], hosts: dict[str, list[str]]) -> list[str]:
@@ -62,8 +75,19 @@ def _healthy(service_def: dict, ports: dict[str, int], hosts: dict[str, list[str
     raise AssertionError(f"healthcheck {check} never passed")
 
 
-def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
-    """Every engine replica and the preprocessor, as compose starts them; the preprocessor's calls reach both."""
+def test_compose_needs_an_engine_key_and_gives_it_to_both_services(monkeypatch):
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    monkeypatch.delenv(ENGINE_KEY_ENV, raising=False)
+    for name in ("engine", "preprocessor", "engine-gpu", "preprocessor-gpu"):
+        with pytest.raises(KeyError, match=ENGINE_KEY_ENV):
+            _expand(services[name]["environment"][ENGINE_KEY_ENV])
+        assert not any("api-key" in arg for arg in services[name]["command"])  # not in argv: `ps` shows it
+
+
+def test_compose_services_serve_and_talk(tiny_dirs, tmp_path, monkeypatch):
+    """Every engine replica and the preprocessor, as compose starts them; the preprocessor's calls reach both,
+    and the engine refuses any other caller without the key."""
+    monkeypatch.setenv(ENGINE_KEY_ENV, secrets.token_urlsafe(32))
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert {"engine", "preprocessor"} <= set(services)
@@ -72,8 +96,6 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
     replicas = int(_expand(str(services["engine"]["deploy"]["replicas"])))
     assert replicas >= 2
 
-    env = {k: str(v) for k, v in services["engine"]["environment"].items()}
-    env["SPLICE_CACHE"] = os.environ["SPLICE_CACHE"]  # the container's /cache volume, here the test cache
     started = []
     try:
         hosts: dict[str, list[str]] = {}
@@ -83,6 +105,8 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
                 ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port()}
                 argv = _localize(services[name]["command"], ports, hosts)
                 assert argv[0] == "splice" and argv[1] == name
+                env = {k: _expand(str(v)) for k, v in services[name]["environment"].items()}
+                env["SPLICE_CACHE"] = os.environ["SPLICE_CACHE"]  # the container's /cache volume, here the test's
                 service = start(name, argv[2:], env=env)
                 started.append(service)
                 address = metrics_address(service)
@@ -94,6 +118,10 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path):
             for _ in range(2 * replicas):
                 chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
                 assert chunks[-1].finish_reason in ("stop", "length")
+        for address in hosts["engine"]:  # another container on the network, without the key
+            with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
+                engine_pb2_grpc.EngineStub(channel).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         served = [total(scrape(address), "splice_engine_requests_finished_total") for address in metrics["engine"]]
         assert all(n > 0 for n in served), f"requests per engine replica: {served}"
     finally:

@@ -3,6 +3,7 @@ auth, and the non-/v1 routes (health, metrics, tokenize, detokenize, OpenAPI).""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import socket
 import time
@@ -136,9 +137,12 @@ def test_tokenize_detokenize_models_health_metrics_docs(http):
     assert chat_tok["count"] > tok["count"]
     assert http.get("/v1/models").json()["data"][0]["id"] == MODEL
     assert httpx.get(f"{http.base_url}/health").status_code == 200  # no key needed
-    metrics = httpx.get(f"{http.base_url}/metrics").text
+    assert httpx.get(f"{http.base_url}/version").json() == {"version": importlib.metadata.version("splice")}
+    for path in ("/metrics", "/openapi.json", "/docs"):  # the key covers them (--open-metrics, --open-docs)
+        assert httpx.get(f"{http.base_url}{path}").status_code == 401, path
+    metrics = http.get("/metrics").text
     assert "splice_preprocessor_engine_connected 1.0" in metrics
-    assert httpx.get(f"{http.base_url}/openapi.json").json()["paths"]["/v1/chat/completions"]
+    assert http.get("/openapi.json").json()["paths"]["/v1/chat/completions"]
 
 
 def _long(stream: bool) -> dict:

@@ -7,6 +7,7 @@ import os
 import signal
 import ssl
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -14,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.launch import start
-from bench.up import Up
+from bench.up import Up, listening_hosts
 from clients import ClientTLS, SpliceClient, SpliceClientError
 from splice.v1 import common_pb2, engine_pb2_grpc
 from tests.certs import Authority
@@ -145,6 +146,74 @@ def test_splice_up_runs_both_hops_over_mtls_with_keys_and_restarts_them_so(tiny_
                 except SpliceClientError as exc:
                     assert exc.code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, exc
                     time.sleep(0.2)
+        assert up.stop() == 0
+    finally:
+        up.kill()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+
+
+def _template_workers(parent: int, timeout: float = 60) -> list[int]:
+    """The request-template worker processes of `parent`, once it has started some."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == parent and b"preprocessor.template_sandbox" in cmdline:
+                found.append(int(stat.parent.name))
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_splice_up_keeps_its_engine_on_loopback_behind_a_generated_key(tiny_dirs, monkeypatch):
+    """`--host 0.0.0.0 --api-key K`: the public API on every interface with K; the engine on 127.0.0.1 only, and
+    a direct call to it without a key (or with K) is refused: the public key cannot be bypassed. The
+    preprocessor's template workers get neither key."""
+    monkeypatch.delenv("SPLICE_ENGINE_API_KEY", raising=False)
+    monkeypatch.delenv("SPLICE_API_KEY", raising=False)
+    up = Up("--host", "0.0.0.0", "--port", "0", "--engine-port", "0", "--http-port", "0", "--api-key", PUBLIC_KEY,
+            "--preprocessor-args=--trust-request-chat-template", model=MODEL)
+    try:
+        line = up.wait_ready()
+        assert "(public API key, engine key (generated))" in line, line
+        public_port, engine_port = (int(a.rsplit(":", 1)[1]) for a in (up.address, up.engine_address))
+        assert listening_hosts(public_port) & {"0.0.0.0", "::"}  # every interface (gRPC may bind it dual-stack)
+        assert listening_hosts(engine_port) == {"127.0.0.1"}
+        (engine_pid, engine_argv), (pre_pid, pre_argv) = up.child("engine"), up.child("preprocessor")
+        generated = _environ(engine_pid).get("SPLICE_ENGINE_API_KEY", "")
+        assert len(generated) >= 32 and generated != PUBLIC_KEY
+        assert _environ(pre_pid)["SPLICE_ENGINE_API_KEY"] == generated  # through the environment, not argv
+        assert generated not in engine_argv and generated not in pre_argv
+        workers = _template_workers(pre_pid)
+        assert workers
+        for pid in workers:
+            environ = _environ(pid)
+            assert not {"SPLICE_API_KEY", "SPLICE_ENGINE_API_KEY"} & environ.keys(), sorted(environ)
+            assert generated not in str(environ) and PUBLIC_KEY not in str(environ)
+
+        with grpc.insecure_channel(f"127.0.0.1:{engine_port}") as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            for metadata in ((), (("authorization", f"Bearer {PUBLIC_KEY}"),)):
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10, metadata=metadata)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes carry no key
+        public = f"127.0.0.1:{public_port}"
+        with SpliceClient(public, timeout=60, api_key=PUBLIC_KEY) as ok:
+            assert list(ok.chat(HI, max_tokens=2))[-1].finish_reason in ("stop", "length")
+        with SpliceClient(public, timeout=10) as bad, pytest.raises(SpliceClientError) as err:
+            bad.detokenize([1])
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
         assert up.stop() == 0
     finally:
         up.kill()

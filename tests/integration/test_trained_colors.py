@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import torch
+from PIL import Image as PILImage
 from transformers import AutoTokenizer
 
 from app.demo import ask, embedding_rows, vllm_base64
@@ -185,3 +186,18 @@ def test_splice_demo_prints_both_answers_naming_the_right_colours(tiny_dirs):
     assert all("Paris" in a for a in answers[2:]), out
     assert "prompt_embeds" in out and colors.DEMO_FAVORITE.strip() in out, out
     assert out.count("identical answers: yes") == 2, out
+
+
+def test_a_transparent_picture_is_read_as_white_as_hf_paints_it(colors_stack):
+    """A red square on a transparent background whose hidden colour is black: HF (and vLLM) paint transparency
+    white, so the picture is white; a plain RGB conversion would show the hidden black."""
+    pic = PILImage.new("RGBA", (64, 64), (0, 0, 0, 0))
+    pic.paste((230, 20, 20, 255), (28, 28, 36, 36))
+    ex = colors.demo_example()
+    base_url = f"http://{colors_stack[1].http_address}/v1"
+    content = [{"type": "image_url", "image_url": {"url": _image_url(pic)}} if part["type"] == "image" else part
+               for part in ex.messages()[-1]["content"]]
+    with openai.OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0) as sdk:
+        reply = sdk.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": content}],
+                                            temperature=0, max_tokens=MAX_TOKENS)
+    assert colors.read_answer(reply.choices[0].message.content) == ("white", ex.favorite_color)

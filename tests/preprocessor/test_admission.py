@@ -42,8 +42,8 @@ async def test_caps_on_requests_and_bytes_across_both_faces(tiny_dirs, tiny):
             raise AssertionError("admitted")
         except grpc.aio.AioRpcError as err:
             assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-request-bytes" in err.details()
-        refused = await http.post("/tokenize", json={"prompt": "x" * (MAX_BYTES + 1)})
-        assert refused.status_code == 429 and "--max-inflight-request-bytes" in refused.text
+        refused = await http.post("/tokenize", json={"prompt": "x" * (MAX_BYTES + 1)})  # larger than the cap: 413
+        assert refused.status_code == 413 and "--max-inflight-request-bytes" in refused.text
         assert (await stub.Tokenize(pb.TokenizeRequest(text="hello"))).token_ids
 
         # Requests: two endless streams (one per face) take both places; a third request on either face waits

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from preprocessor.http.auth import Unauthenticated
 from preprocessor.http.errors import HTTP_STATUS, splice_error_body
 from splice import errors
+from splice.errors import Unauthenticated
 
 
 def _subclasses(cls: type) -> list[type]:

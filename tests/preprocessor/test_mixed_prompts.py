@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image as PILImage
 from transformers import AutoTokenizer
+from transformers.image_transforms import convert_to_rgb
 
 from app.tiny import TINY_MODELS
 from preprocessor.core import PreprocessorCore
@@ -123,3 +124,49 @@ def test_multiple_images_counts(tiny):
         pic = PILImage.open(io.BytesIO(png_bytes(w, h, seed))).convert("RGB")
         tiles = proc.image_processor([pic], return_tensors="pt")["pixel_values"].shape[1]
         assert c == tiles * proc.image_seq_len
+
+
+def _transparent_pictures() -> dict[str, bytes]:
+    """A red square on a transparent background: RGBA, LA, a palette with a transparent index, RGB with a
+    transparent colour."""
+    rgba = PILImage.new("RGBA", (40, 30), (0, 0, 0, 0))
+    rgba.paste((255, 0, 0, 255), (10, 8, 30, 22))
+    la = PILImage.new("LA", (40, 30), (0, 0))
+    la.paste((200, 255), (10, 8, 30, 22))
+    palette = PILImage.new("P", (40, 30), 0)
+    palette.putpalette([0, 0, 0, 255, 0, 0])  # index 0 black (transparent), 1 red
+    palette.paste(1, (10, 8, 30, 22))
+    palette.info["transparency"] = 0
+    keyed = palette.convert("RGB")  # an RGB picture whose black is transparent (a tRNS chunk)
+    out = {}
+    for mode, pic in (("RGBA", rgba), ("LA", la), ("P", palette), ("RGB", keyed)):
+        buf = io.BytesIO()
+        keep = {"transparency": pic.info["transparency"]} if "transparency" in pic.info else {}
+        pic.save(buf, format="PNG", **keep)
+        out[mode] = buf.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-idefics3", "tiny-gemma4", "tiny-qwen2-vl", "tiny-qwen3.5",
+                                  "tiny-lfm2-vl", "tiny-llava-onevision", "tiny-smolvlm", "tiny-nemotron-omni"])
+def test_transparent_pictures_are_painted_on_white_as_hf_does(tiny, tiny_dirs, name):
+    files, info = tiny[name]
+    core = PreprocessorCore(files, info)
+    proc = load_processor(str(tiny_dirs[name]))
+    for mode, blob in _transparent_pictures().items():
+        raw = PILImage.open(io.BytesIO(blob))
+        assert raw.mode == mode and raw.has_transparency_data
+        req = core.normalize_chat(conversation(("user", [blob, "What colour?"])), count_images=True).request
+        # HF gets the picture as decoded, transparency included: its processor converts it itself. Where HF
+        # has only a torchvision processor (Splice's PIL port stands in), its do_convert_rgb step is applied here.
+        ported = type(proc.image_processor).__module__.startswith("preprocessor.")
+        given = PILImage.fromarray(convert_to_rgb(raw, return_numpy=True)) if ported else raw
+        hf_out = proc.image_processor([given], return_tensors="pt")
+        for key, value in hf_out.items():
+            if key in req.model_inputs:
+                assert torch.equal(req.model_inputs[key], value), (mode, key)
+        # A black background (what convert("RGB") keeps) would be a different picture.
+        dark = raw.convert("RGB")
+        dark.info.pop("transparency", None)
+        dark = proc.image_processor([dark], return_tensors="pt")["pixel_values"]
+        assert not torch.equal(req.model_inputs["pixel_values"], dark), mode

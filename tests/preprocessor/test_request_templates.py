@@ -3,10 +3,14 @@ rendered in killable worker processes within a time budget."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from preprocessor import template_sandbox
 from preprocessor.core import PreprocessorCore
 from preprocessor.template import TRUST_FLAG, request_job
 from preprocessor.template_sandbox import TemplateSandbox
@@ -74,3 +78,80 @@ def test_hostile_template_is_killed_at_its_deadline_and_the_worker_replaced(tiny
         sandbox.close()
     code, _ = _code(lambda: sandbox.render(job))
     assert code == "UNAVAILABLE"
+
+
+def _job(files, template: str):
+    return request_job(files.tokenizer, conversation(("user", "x"), chat_template=template), None, files.sentinels)
+
+
+def test_a_killed_worker_is_replaced_at_once_by_a_spare_already_started(tiny):
+    """A looping template's worker is killed; the next render runs on the spare that was already warm, not on a
+    process started after the kill (whose imports would eat the next renders' budgets)."""
+    files, _ = tiny["tiny-text"]
+    sandbox = TemplateSandbox(workers=1, timeout=1.0, spares=1)
+    try:
+        assert sandbox.wait_warm(120)
+        (killed,), (spare,) = sandbox.processes()["driving"], sandbox.processes()["spare"]
+        code, message = _code(lambda: sandbox.render(_job(files, HOSTILE)))
+        assert code == "INVALID_ARGUMENT" and "did not render within 1 s" in message
+        assert sandbox.render(_job(files, SIMPLE)) == "user: x\n"
+        assert sandbox.processes()["driving"] == [spare]  # the spare rendered it
+        assert not Path(f"/proc/{killed}").exists()  # killed and reaped
+        assert sandbox.wait_warm(120)  # and a successor became the new spare
+        assert sandbox.processes()["spare"] not in ([killed], [spare])
+    finally:
+        sandbox.close()
+
+
+def test_a_render_no_worker_can_take_in_time_is_refused_not_kept_for_a_restart(tiny, monkeypatch):
+    """One worker, no spare: a looping template holds it, a good template queues behind it. When the looper is
+    killed at its deadline, the queued render's budget is spent too: it is refused RESOURCE_EXHAUSTED then, while
+    the replacement is still starting (held here until the refusal), not rendered seconds later once one is up."""
+    files, _ = tiny["tiny-text"]
+    sandbox = TemplateSandbox(workers=1, timeout=2.0, spares=0)
+    released = threading.Event()
+    try:
+        assert sandbox.wait_warm(120)
+        start_up = template_sandbox._Worker.wait_ready
+
+        def held_start_up(worker) -> None:
+            released.wait(120)
+            start_up(worker)
+
+        monkeypatch.setattr(template_sandbox._Worker, "wait_ready", held_start_up)
+
+        async def both():  # submitted in this order: the looper takes the worker, the good one queues
+            return await asyncio.gather(sandbox.render_async(_job(files, HOSTILE)),
+                                        sandbox.render_async(_job(files, SIMPLE)), return_exceptions=True)
+
+        looper, queued = asyncio.run(both())
+        assert looper.code == "INVALID_ARGUMENT" and "did not render within 2 s" in looper.message
+        assert queued.code == "RESOURCE_EXHAUSTED" and "--chat-template-timeout" in queued.message
+        assert not released.is_set() and not sandbox.processes()["driving"] + sandbox.processes()["spare"]
+        released.set()
+        assert sandbox.wait_warm(120)
+        assert sandbox.render(_job(files, SIMPLE)) == "user: x\n"
+    finally:
+        released.set()
+        sandbox.close()
+
+
+def test_workers_get_no_secrets(tiny, monkeypatch):
+    """The keys (and anything else exported) stay out of a worker's environment: a template is caller code."""
+    files, _ = tiny["tiny-text"]
+    secrets = {"SPLICE_API_KEY": "public-secret", "SPLICE_ENGINE_API_KEY": "engine-secret", "HF_TOKEN": "hf-secret"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    sandbox = TemplateSandbox(workers=1, timeout=2.0, spares=1)
+    try:
+        assert sandbox.wait_warm(120)
+        assert sandbox.render(_job(files, "{{ messages[0]['content'] }}")) == "x"
+        pids = sandbox.processes()["driving"] + sandbox.processes()["spare"]
+        assert len(pids) == 2
+        for pid in pids:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+            assert not names & secrets.keys() and "PATH" in names, names
+            assert not any(value.encode() in environ for value in secrets.values())
+    finally:
+        sandbox.close()
