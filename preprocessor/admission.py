@@ -77,12 +77,14 @@ class Ticket:
         """`nbytes` more for this request (`what`: for what, as the refusal says); ResourceExhausted when they do
         not fit now, or never can: the request would hold more than the cap by itself."""
         a = self.admission
+        if self.released:  # (its request is over: holding bytes now would hold them for ever)
+            return
         if what and self.nbytes + nbytes > a.max_bytes:
             raise ResourceExhausted(f"{what} takes about {nbytes} bytes; with the {self.nbytes} the request holds "
                                     f"already that is more than the {a.max_bytes} request bytes the preprocessor "
                                     f"holds at once (--max-inflight-request-bytes)")
         with a._lock:
-            if self.released:  # (its request is over: holding bytes now would hold them for ever)
+            if self.released:
                 return
             if what and a.held + nbytes > a.max_bytes:
                 raise ResourceExhausted(f"{what} takes about {nbytes} bytes, which do not fit: {a.held} of "
@@ -107,6 +109,8 @@ class Ticket:
                 self.released = True
                 self.admission.running -= 1 if self.placed else 0
                 self.admission.held -= self.nbytes
+        if _CURRENT.get() is self:  # (tasks and threads started from here on charge nothing to it)
+            _CURRENT.set(None)
 
 
 _CURRENT: ContextVar[Ticket | None] = ContextVar("splice_admission_ticket", default=None)

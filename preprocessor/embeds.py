@@ -2,8 +2,8 @@
 
 Every size is checked against the cap from metadata (dtype x shape) before the dense tensor is
 allocated. A torch.save archive is checked before torch.load reads it (torch_archive.py: stored records only,
-none over the cap), then loaded on the meta device, from its pickle alone, so that a tensor whose storage is not
-exactly its view (an expand of a small one, a slice of a large one) is refused before any storage is read.
+none over the cap), then loaded on the meta device, from its pickle alone, so that a tensor whose storage is
+smaller than its view (an expand of a small one) is refused before any storage is read.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from preprocessor.admission import charge
 from preprocessor.content import Embeds, RawTensor
 from preprocessor.limits import Limits
 from preprocessor.torch_archive import check_archive
@@ -68,9 +69,24 @@ def _check_meta(dtype: torch.dtype, shape: tuple[int, ...], part: Embeds, info: 
                               f"{limits.max_embeds_bytes}")
 
 
+def _charge(dtype: torch.dtype, shape: tuple[int, ...], copies: int, part: Embeds, info: ModelInfo) -> None:
+    """Charges the request's admission, before they are allocated, `copies` of the tensor in its own dtype and its
+    rows in the engine's (held until the request ends; sent bytes are admitted, what they decode to is not)."""
+    n = math.prod(shape)
+    engine = dtype_from_name(info.dtype, "engine dtype")
+    charge(n * (copies * _itemsize(dtype) + _itemsize(engine)), f"{part.where}: decoding prompt_embeds")
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _from_raw(raw: RawTensor, part: Embeds, info: ModelInfo, limits: Limits) -> torch.Tensor:
     dtype = dtype_from_name(raw.dtype, f"{part.where}: prompt_embeds")
     _check_meta(dtype, raw.shape, part, info, limits)
+    # from_bytes copies read-only bytes (a message's); an assembled upload's buffer was admitted as it arrived
+    writable = isinstance(raw.data, bytearray) or (isinstance(raw.data, memoryview) and not raw.data.readonly)
+    _charge(dtype, raw.shape, 0 if writable else 1, part, info)
     return from_bytes(raw.data, dtype, raw.shape, f"{part.where}: prompt_embeds")
 
 
@@ -80,6 +96,7 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     if len(text) * 3 // 4 > limits.max_embeds_bytes + TORCH_SAVE_OVERHEAD:
         raise InvalidArgument(f"{what} is {len(text)} characters; the decoded tensor may be at most "
                               f"{limits.max_embeds_bytes} bytes")
+    charge(len(text) * 3 // 4, f"{part.where}: decoding prompt_embeds")  # the archive
     try:
         blob = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -87,7 +104,10 @@ def _from_torch_base64(text: str, part: Embeds, info: ModelInfo, limits: Limits)
     # Nothing is inflated (stored records only) and no storage is over the cap; then the tensor is built on the
     # meta device first, from the pickle alone, so that its view is checked before any storage is read.
     check_archive(blob, what, limits.max_embeds_bytes)
-    _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
+    view = _check_loaded(_load(blob, "meta", what), "meta", part, info, limits)
+    # its storage, read from the archive (a slice's whole storage), and the rows
+    charge(view.untyped_storage().nbytes(), f"{part.where}: decoding prompt_embeds")
+    _charge(view.dtype, tuple(view.shape), 0, part, info)
     return _check_loaded(_load(blob, "cpu", what), "cpu", part, info, limits)
 
 
@@ -121,15 +141,11 @@ def _check_loaded(obj: object, device: str, part: Embeds, info: ModelInfo, limit
                               f"with its data")
     _check_meta(obj.dtype, tuple(obj.shape), part, info, limits)
     # A stride-0 view (expand) describes more elements than its storage holds: densifying it would turn a few KB
-    # into GBs. A view of a larger storage (a slice) would hold memory nobody sent rows for. Only a tensor that
-    # is its whole storage is taken.
-    held, needed = obj.untyped_storage().nbytes(), obj.numel() * obj.element_size()
-    if held < needed:
+    # into GBs. A view of a larger storage (a slice, as torch.save keeps it) is taken: that storage was sent,
+    # stored, within the cap, so it holds no more than the bytes received (and is charged as such).
+    if obj.untyped_storage().nbytes() < obj.numel() * obj.element_size():
         raise InvalidArgument(f"{what} is a view of a smaller storage (e.g. expand() of shape {list(obj.shape)}); "
                               f"send a dense tensor (.contiguous())")
-    if held > needed:
-        raise InvalidArgument(f"{what} is a view of shape {list(obj.shape)} ({needed} bytes) of a storage of "
-                              f"{held} bytes (e.g. a slice of a larger tensor); send a tensor of its own (.clone())")
     return obj
 
 
@@ -158,6 +174,7 @@ def _from_safetensors(blob: bytes, part: Embeds, info: ModelInfo, limits: Limits
         raise InvalidArgument(f"{what}: tensor {name!r} has unsupported dtype {st_dtype}")
     dtype = DTYPES[SAFETENSORS_DTYPES[st_dtype]]
     _check_meta(dtype, shape, part, info, limits)
+    _charge(dtype, shape, 2, part, info)  # the slice of the file, and the tensor's own copy of it
     data_start = 8 + header_len
     if not (0 <= begin <= end <= len(blob) - data_start):
         raise InvalidArgument(f"{what}: tensor {name!r} data offsets [{begin}, {end}) fall outside the file")
@@ -171,6 +188,8 @@ def _normalize(tensor: torch.Tensor, part: Embeds, info: ModelInfo) -> torch.Ten
         tensor = tensor[0]  # [1, n, hidden] -> [n, hidden]
     what = f"{part.where}: prompt_embeds"
     out = tensor.to(dtype_from_name(info.dtype, "engine dtype")).contiguous()  # [n, hidden]
+    if out.untyped_storage().nbytes() > out.numel() * out.element_size():
+        out = out.clone()  # a slice's rows, without the rest of the storage it came in
     if not all_finite(out):
         check_finite(tensor, what)
         check_finite(out, what, f"they overflow the engine's dtype {info.dtype}")

@@ -225,12 +225,14 @@ def test_torch_base64_storage_over_the_cap_rejected_from_the_directory(info):
     assert "record 'archive/data/0' is" in err.message and "at most" in err.message
 
 
-def test_torch_base64_view_of_a_larger_storage_rejected(info):
+def test_torch_base64_view_of_a_larger_storage_accepted_within_the_cap(info):
+    # torch.save keeps a slice's whole storage: it was sent, stored, so it is taken (as vLLM takes it) while that
+    # storage is within the cap, which the archive's directory says before anything is read.
     x = rows(10, info.hidden_size)[:4]  # [4, hidden] of a [10, hidden] storage
-    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info)
-    assert "storage of" in err.message and ".clone()" in err.message
-    got = decode_embeds(Embeds("torch_base64", _b64(x.clone()), WHERE), info, Limits())
-    assert torch.equal(got, x)
+    got = decode_embeds(Embeds("torch_base64", _b64(x), WHERE), info, Limits())
+    assert torch.equal(got, x) and got.untyped_storage().nbytes() == x.numel() * 4
+    err = _reject(Embeds("torch_base64", _b64(x), WHERE), info, Limits(max_embeds_bytes=5 * info.hidden_size * 4))
+    assert "record 'archive/data/0' is" in err.message
 
 
 @pytest.mark.parametrize("change", [{"tail": b"\0"}, {"head": b"\0" * 4}, {"tail": b"PK\x05\x06" + b"\0" * 18}])
@@ -240,3 +242,35 @@ def test_torch_base64_archive_layout_must_be_unambiguous(info, change):
     assert "torch_base64" in err.message
     plain = _rezip(base64.b64decode(_b64(rows(2, info.hidden_size))))  # zipfile's own layout is fine
     assert decode_embeds(Embeds("torch_base64", base64.b64encode(plain).decode(), WHERE), info, Limits()).shape[0] == 2
+
+
+@pytest.mark.parametrize("encoding", ["tensor", "torch_base64", "safetensors"])
+def test_decoding_is_charged_to_the_requests_admission(info, encoding):
+    from preprocessor.admission import Admission
+
+    x = rows(16, info.hidden_size).half()  # [16, hidden] float16 -> float32 rows
+    payload = {"tensor": raw(x), "torch_base64": _b64(x), "safetensors": st_save({"e": x})}[encoding]
+    part = Embeds(encoding, payload, WHERE)
+    source, out = 16 * info.hidden_size * 2, 16 * info.hidden_size * 4
+    if encoding == "tensor":
+        expected = source + out  # the copy of the message's bytes, the rows
+    elif encoding == "torch_base64":
+        expected = len(payload) * 3 // 4 + source + out  # the archive, its storage, the rows
+    else:
+        expected = 2 * source + out  # the slice of the file, its copy, the rows
+    admission = Admission(max_bytes=1 << 20)
+    ticket = admission.enter(100)  # as the call guard does: this context's request
+    try:
+        decode_embeds(part, info, Limits())
+        assert admission.held == 100 + expected
+    finally:
+        ticket.release()
+    admission = Admission(max_bytes=expected)
+    ticket = admission.enter(100)
+    try:
+        with pytest.raises(SpliceError) as exc:
+            decode_embeds(part, info, Limits())
+        assert exc.value.code == "RESOURCE_EXHAUSTED" and "messages[1].content[2]: decoding prompt_embeds" in \
+            exc.value.message and "--max-inflight-request-bytes" in exc.value.message
+    finally:
+        ticket.release()
