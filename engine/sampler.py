@@ -1,8 +1,10 @@
-"""Next-token choice for a batch: greedy, temperature, top-k, top-p, each row with its own generator.
+"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator.
 
-A row's draw depends only on its logits and its own seeded generator, so a seeded request gives the same
-tokens alone or in any batch. Logprobs are of the model's raw distribution (before temperature/top-k/p),
-as vLLM reports them by default.
+`logits` come in already through engine/logits_controls.py (penalties and masks), which greedy rows follow too;
+min-p, top-k and top-p shape only the sampled rows' distribution (after temperature, in vLLM's order). A row's draw
+depends only on its logits and its own seeded generator, so a seeded request gives the same tokens alone or in any
+batch. Logprobs are of the model's raw distribution (`raw`: before penalties, temperature and filters), as vLLM
+reports them by default.
 """
 
 from __future__ import annotations
@@ -35,21 +37,37 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """[rows, vocab] temperature-scaled logits with each token below min_p x its row's top probability at -inf
+    (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays)."""
+    probs = scaled.softmax(-1)
+    floor = torch.tensor(min_p, device=scaled.device)[:, None] * probs.amax(-1, keepdim=True)  # [rows, 1]
+    return scaled.masked_fill(probs < floor, float("-inf"))
+
+
 @torch.inference_mode()
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator]) -> tuple[list[int], list[float | None]]:
-    """logits [batch, vocab] -> one token per row, and its logprob for rows that asked."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+           raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None]]:
+    """logits [batch, vocab] -> one token per row, and its logprob (from `raw`, default `logits`) for rows that
+    asked."""
     logits = logits.float()
     chosen = logits.argmax(dim=-1)  # [batch]; kept for greedy rows
-    for row, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
-            continue
+    sampled = [row for row, p in enumerate(params) if not p.greedy]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        rows = logits[index]  # [sampled, vocab]
+        temps = torch.tensor([params[r].temperature for r in sampled], device=logits.device)[:, None]
         # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
-        scaled = _filter((logits[row] - logits[row].max()) / p.temperature, p)  # [vocab]
-        chosen[row] = torch.multinomial(scaled.softmax(-1), 1, generator=g)[0]
+        scaled = (rows - rows.amax(-1, keepdim=True)) / temps
+        if any(params[r].min_p for r in sampled):
+            scaled = _min_p(scaled, [params[r].min_p for r in sampled])
+        for k, row in enumerate(sampled):
+            filtered = _filter(scaled[k], params[row])  # [vocab]
+            chosen[row] = torch.multinomial(filtered.softmax(-1), 1, generator=generators[row])[0]
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)
     if any(want):
-        picked = logits.log_softmax(-1).gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
+        source = logits if raw is None else raw.float()
+        picked = source.log_softmax(-1).gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
         logprobs = [lp if w else None for lp, w in zip(picked, want, strict=True)]
     return chosen.tolist(), logprobs
