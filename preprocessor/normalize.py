@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from preprocessor.bad_words import with_bad_words
 from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.embeds import decode_embeds
 from preprocessor.images import load_image
@@ -91,6 +92,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     run per image for it, so the generation path leaves it off. `render_request` renders the request's own
     template (the sandbox; or a prompt rendered beforehand)."""
     check_template_policy(conv, limits.trust_request_chat_template, limits.max_chat_template_bytes)
+    sampling = with_bad_words(sampling, files.tokenizer, files.sentinels)
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     _check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
@@ -117,6 +119,7 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
                        info: ModelInfo, limits: Limits) -> Normalized:
     if not parts:
         raise InvalidArgument("prompt is empty")
+    sampling = with_bad_words(sampling, files.tokenizer, files.sentinels)
     embeds = [p for p in parts if isinstance(p, Embeds)]
     _check_counts(0, len(embeds), info, files, limits)
     # No sentinels: a caller's ID may equal a sentinel ID (padded embedding tables), so spans come from the

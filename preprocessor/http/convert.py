@@ -117,10 +117,8 @@ def prompt_from_http(body: CompletionRequest) -> list[PromptPart]:
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
 # unset and null) that leave it off. Any other value is refused rather than the request served without it.
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "min_tokens": (0,), "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "logit_bias": ({},),
-    "bad_words": ([],), "allowed_token_ids": (), "include_stop_str_in_output": (False,),
-    "spaces_between_special_tokens": (True,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
     "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
@@ -148,6 +146,15 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> S
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         skip_special_tokens=body.skip_special_tokens,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        min_p=body.min_p or 0.0,
+        min_tokens=body.min_tokens or 0,
+        logit_bias=body.logit_bias or {},
+        allowed_token_ids=tuple(body.allowed_token_ids or ()),
+        bad_words=tuple(body.bad_words or ()),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
     )
 
 

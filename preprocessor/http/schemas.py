@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from splice.sampling import LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE, UINT32_MAX
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -70,6 +72,17 @@ class GenerationFields(_Body):
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
     request_id: str | None = None
+    # penalties and masks (vLLM's; bounds as vllm/sampling_params.py). A null is the field's off value.
+    presence_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    min_tokens: int | None = Field(None, ge=0, le=UINT32_MAX)
+    # token ID (a JSON object's keys are strings: "50256") -> bias; IDs are checked against the engine's table
+    logit_bias: dict[int, Annotated[float, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE)]] | None = None
+    allowed_token_ids: list[int] | None = Field(None, min_length=1)
+    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
+    include_stop_str_in_output: bool | None = False
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
