@@ -1,167 +1,160 @@
 """Penalties and masks over a whole batch's logits, in vLLM's order (vllm/v1/sample/sampler.py): allowed_token_ids,
 bad words, min_tokens, logit_bias, then the repetition, frequency and presence penalties.
 
-State lives in tables of one row per sequence that asked for it ([slots, vocab], grown as needed): the output
-token counts and prompt presence of penalized sequences (counted on the engine, one scatter per step), and one
-additive row per masked sequence (logit_bias values, -inf outside allowed_token_ids and on one-token bad words).
-A step gathers the rows of the batch's sequences and applies each control to all of them in a few tensor ops; the
+State lives on the engine in tables of one row per sequence that asked for it ([slots, ..., vocab], grown as needed),
+kept up to date by a scatter or two per step as tokens come out. A penalized sequence's row holds the factor of its
+repetition penalty (the penalty at the tokens of its prompt and output so far, 1 elsewhere) and what its frequency
+and presence penalties subtract so far; a masked sequence's row holds its fixed addition (logit_bias values, -inf
+outside allowed_token_ids and at one-token bad words). A step gathers its sequences' rows and applies each control
+to the whole batch in a few tensor ops (few, because each op also hands the GIL to the event loop's thread); the
 Python work per step is a pass over the rows (and over each row's multi-token bad words and min_tokens stop IDs).
-Controls act on each row alone, so a row's result never depends on its neighbours.
+Each control acts on a row alone, so a row's result never depends on its neighbours.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.sequence import Sequence
-from splice.sampling import SamplingParams
 
 NEG_INF = float("-inf")
+FACTOR, OFFSET = 0, 1  # the two channels of a penalty row
 
 
 class RowTable:
-    """A [slots, vocab] tensor whose rows belong to sequences; grows by doubling, a freed row is reused."""
+    """A [slots, channels, vocab] float tensor whose rows belong to sequences; grows by doubling, a freed row is
+    reused. A new row holds `fill` (one value per channel)."""
 
-    def __init__(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.data = torch.zeros(0, vocab, dtype=dtype, device=device)  # [slots, vocab]
+    def __init__(self, vocab: int, device: torch.device, fill: tuple[float, ...]) -> None:
+        self.data = torch.zeros(0, len(fill), vocab, device=device)
+        self.fill = torch.tensor(fill, device=device)[:, None]  # [channels, 1]
         self._slot: dict[int, int] = {}  # seq_id -> its row
         self._free: list[int] = []
+        self._members: tuple[tuple[int, ...], list[int], torch.Tensor | None] | None = None  # the last batch's
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._slot
 
-    def add(self, seq_id: int) -> int:
-        """A zeroed row for `seq_id`."""
+    def add(self, seq_id: int) -> torch.Tensor:
+        """`seq_id`'s new row [channels, vocab] (a view), filled."""
         if not self._free:
             old = self.data.shape[0]
-            grown = self.data.new_zeros(max(4, 2 * old), self.data.shape[1])
+            grown = self.data.new_empty(max(4, 2 * old), *self.data.shape[1:])
             grown[:old] = self.data
             self.data = grown
             self._free = list(range(grown.shape[0] - 1, old - 1, -1))
         slot = self._slot[seq_id] = self._free.pop()
-        self.data[slot].zero_()
-        return slot
+        self._members = None
+        return self.data[slot].copy_(self.fill.expand_as(self.data[slot]))
 
     def free(self, seq_id: int) -> None:
         slot = self._slot.pop(seq_id, None)
         if slot is not None:
             self._free.append(slot)
+            self._members = None
 
-    def slots(self, seq_ids: Seq[int]) -> torch.Tensor:
-        """[len(seq_ids)] long: the row of each sequence."""
-        return torch.tensor([self._slot[s] for s in seq_ids], dtype=torch.long, device=self.data.device)
+    def members(self, seqs: Seq[Sequence]) -> tuple[list[int], torch.Tensor | None]:
+        """(the positions in `seqs` of the sequences with a row, [those] long: their rows, None when none has).
+        The same batch as last time gets the same tensor back."""
+        key = tuple(s.seq_id for s in seqs)
+        if self._members is not None and self._members[0] == key:
+            return self._members[1], self._members[2]
+        slot = self._slot
+        rows = [i for i, s in enumerate(key) if s in slot]
+        slots = torch.tensor([slot[key[i]] for i in rows], dtype=torch.long, device=self.data.device) if rows else None
+        self._members = (key, rows, slots)
+        return rows, slots
 
 
 @dataclass
-class _Dynamic:
-    """What a sequence bans by looking at its own output, step by step."""
+class _Row:
+    """What the controls keep of one sequence besides its table rows."""
 
+    prompt_ids: list[int]  # its prompt's token IDs, until its penalty row is made
     prefixed: list[tuple[tuple[int, ...], int]]  # multi-token bad words: (the tokens before, the banned last token)
     stops: tuple[int, ...]  # banned while fewer than min_tokens are out: EOS and stop_token_ids
-    min_tokens: int
+    generated: set[int] = field(default_factory=set)  # tokens out so far (a presence penalty's first time)
 
 
 class LogitsControls:
-    """Per-sequence state of the penalties and masks; `apply` before sampling, `record` the tokens after."""
+    """Per-sequence state of the penalties and masks; `apply` before sampling, `record` the tokens after. Used by
+    the engine thread only."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._tables: tuple[RowTable, RowTable, RowTable] | None = None  # made at the first logits (their width)
-        self._pending: dict[int, tuple[SamplingParams, list[int], tuple[int, ...]]] = {}
-        self._dynamic: dict[int, _Dynamic] = {}
+        # made at the first logits, as wide as they are
+        self._penalty: RowTable | None = None  # [slots, (FACTOR, OFFSET), vocab] of penalized sequences
+        self._bias: RowTable | None = None  # [slots, 1, vocab] of masked sequences
+        self._rows: dict[int, _Row] = {}  # seq_id -> its state, for every started sequence with a control
+        self._new: list[Sequence] = []  # started, their table rows not yet made
+        self._channel = [torch.tensor(c, device=device) for c in (FACTOR, OFFSET)]  # index_put_ takes tensors
 
     def start(self, seq: Sequence, prompt_ids: Seq[int]) -> None:
         """`seq` decodes from now; `prompt_ids` are its prompt's token IDs (not the positions of supplied
-        embeddings: those are no tokens). Its rows are made at its first `apply`, when the vocabulary is known."""
+        embeddings: those are no tokens). Its table rows are made at its first `apply`, when the vocabulary is
+        known."""
         p = seq.sampling
+        if not (p.penalized or p.masked or p.min_tokens or p.bad_words_token_ids):
+            return
         prefixed = [(tuple(s[:-1]), s[-1]) for s in p.bad_words_token_ids if len(s) > 1]
         stops = tuple(dict.fromkeys((*seq.eos_token_ids, *p.stop_token_ids))) if p.min_tokens else ()
-        if prefixed or stops:
-            self._dynamic[seq.seq_id] = _Dynamic(prefixed, stops, p.min_tokens)
-        if p.penalized or p.masked:
-            self._pending[seq.seq_id] = (p, list(prompt_ids) if p.repetition_penalty != 1.0 else [],
-                                         tuple(s[0] for s in p.bad_words_token_ids if len(s) == 1))
+        self._rows[seq.seq_id] = _Row(list(prompt_ids) if p.repetition_penalty != 1.0 else [], prefixed, stops)
+        self._new.append(seq)
 
     def release(self, seq_id: int) -> None:
-        self._pending.pop(seq_id, None)
-        self._dynamic.pop(seq_id, None)
-        if self._tables is not None:
-            for table in self._tables:
+        if self._rows.pop(seq_id, None) is None:
+            return
+        self._new = [s for s in self._new if s.seq_id != seq_id]
+        for table in (self._penalty, self._bias):
+            if table is not None:
                 table.free(seq_id)
 
-    def _rows(self, vocab: int) -> tuple[RowTable, RowTable, RowTable]:
-        """(output counts, prompt presence, additive bias) with every started sequence's rows filled."""
-        if self._tables is None:
-            self._tables = (RowTable(vocab, torch.int32, self.device), RowTable(vocab, torch.bool, self.device),
-                            RowTable(vocab, torch.float32, self.device))
-        counts, prompt, bias = self._tables
-        for seq_id, (p, prompt_ids, banned) in self._pending.items():
+    def _make_rows(self, vocab: int) -> None:
+        if self._penalty is None:
+            self._penalty = RowTable(vocab, self.device, fill=(1.0, 0.0))
+            self._bias = RowTable(vocab, self.device, fill=(0.0,))
+
+        def ids(tokens) -> torch.Tensor:
+            return torch.tensor([t for t in tokens if t < vocab], dtype=torch.long, device=self.device)
+
+        for seq in self._new:
+            p, state = seq.sampling, self._rows[seq.seq_id]
             if p.penalized:
-                counts.add(seq_id)
-                slot = prompt.add(seq_id)  # (add may grow the table: index after it)
-                row = prompt.data[slot]
-                ids = [t for t in prompt_ids if t < vocab]
-                if ids:
-                    row[torch.tensor(ids, device=self.device)] = True
+                self._penalty.add(seq.seq_id)[FACTOR, ids(state.prompt_ids)] = p.repetition_penalty
+                state.prompt_ids = []
             if p.masked:
-                slot = bias.add(seq_id)
-                row = bias.data[slot]
+                row = self._bias.add(seq.seq_id)[0]
                 if p.allowed_token_ids:
-                    row.fill_(NEG_INF)
-                    row[torch.tensor([t for t in p.allowed_token_ids if t < vocab], dtype=torch.long,
-                                     device=self.device)] = 0.0
+                    row.fill_(NEG_INF)[ids(p.allowed_token_ids)] = 0.0
                 entries = [(t, b) for t, b in p.logit_bias if t < vocab]
                 if entries:
-                    ids = torch.tensor([t for t, _ in entries], device=self.device)
-                    row[ids] += torch.tensor([b for _, b in entries], device=self.device)
-                if banned:
-                    row[torch.tensor([t for t in banned if t < vocab], dtype=torch.long, device=self.device)] = NEG_INF
-        self._pending.clear()
-        return self._tables
-
-    def active(self, seqs: Seq[Sequence]) -> bool:
-        return any(s.seq_id in self._pending or s.seq_id in self._dynamic or self._has_rows(s.seq_id) for s in seqs)
-
-    def _has_rows(self, seq_id: int) -> bool:
-        return self._tables is not None and (seq_id in self._tables[0] or seq_id in self._tables[2])
+                    row[ids(t for t, _ in entries)] += torch.tensor([b for _, b in entries], device=self.device)
+                row[ids(s[0] for s in p.bad_words_token_ids if len(s) == 1)] = NEG_INF
+        self._new = []
 
     @torch.no_grad()  # (not inference mode: the tables are updated in place by later steps)
     def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         """logits [rows, vocab] (row i is seqs[i]'s) -> the controlled logits, a new float32 tensor; `logits` itself
         is returned unchanged when no row has a control."""
-        if not self.active(seqs):
+        if not any(s.seq_id in self._rows for s in seqs):
             return logits
-        counts, prompt, bias = self._rows(logits.shape[-1])
-        x = logits.to(torch.float32, copy=True)  # [rows, vocab]
-        vocab = x.shape[-1]
-        masked = [i for i, s in enumerate(seqs) if s.seq_id in bias]
-        if masked:  # allowed_token_ids, one-token bad words, logit_bias: one row each, added
-            rows = torch.tensor(masked, device=x.device)
-            x.index_add_(0, rows, bias.data[bias.slots([seqs[i].seq_id for i in masked])])
-        banned_rows: list[int] = []
-        banned_ids: list[int] = []
-        for i, s in enumerate(seqs):  # multi-token bad words and min_tokens look at the output so far
-            d = self._dynamic.get(s.seq_id)
-            if d is None:
-                continue
-            out = s.output_ids
-            for before, last in d.prefixed:
-                if len(out) >= len(before) and tuple(out[len(out) - len(before):]) == before and last < vocab:
-                    banned_rows.append(i)
-                    banned_ids.append(last)
-            if len(out) < d.min_tokens:
-                ids = [t for t in d.stops if t < vocab]
-                banned_rows += [i] * len(ids)
-                banned_ids += ids
-        if banned_rows:
-            x[torch.tensor(banned_rows, device=x.device), torch.tensor(banned_ids, device=x.device)] = NEG_INF
-        penalized = [i for i, s in enumerate(seqs) if s.seq_id in counts]
-        if penalized:
-            self._penalize(x, penalized, [seqs[i] for i in penalized], counts, prompt)
-        if masked or banned_rows:
+        self._make_rows(logits.shape[-1])
+        bias_rows, bias_slots = self._bias.members(seqs)
+        bans = self._bans(seqs, logits.shape[-1])
+        # a copy to change in place, unless the penalties cover every row (they make a new tensor)
+        rows, slots = self._penalty.members(seqs)
+        whole = slots is not None and len(rows) == len(seqs)
+        x = logits.float() if whole and bias_slots is None and bans is None else logits.to(torch.float32, copy=True)
+        if bias_slots is not None:  # allowed_token_ids, one-token bad words, logit_bias
+            self._add(x, bias_rows, self._bias.data.index_select(0, bias_slots)[:, 0])
+        if bans is not None:  # multi-token bad words, min_tokens
+            x[bans] = NEG_INF
+        if slots is not None:
+            x = self._penalize(x, seqs, rows, self._penalty.data.index_select(0, slots))
+        if bias_slots is not None or bans is not None:
             # a row that banned every token (allowed_token_ids inside its bad words as the output went on) keeps
             # its unmasked logits for this step rather than sampling from nothing
             dead = x.amax(-1) == NEG_INF  # [rows]
@@ -170,38 +163,69 @@ class LogitsControls:
         return x
 
     @staticmethod
-    def _penalize(x: torch.Tensor, rows: list[int], seqs: list[Sequence], counts: RowTable, prompt: RowTable) -> None:
-        """vLLM's apply_penalties on rows `rows` of x: repetition over prompt and output tokens (as HF's
-        RepetitionPenaltyLogitsProcessor), then frequency x count and presence x (count > 0) over output tokens."""
-        params = [s.sampling for s in seqs]
-        index = torch.tensor(rows, device=x.device)
-        seq_ids = [s.seq_id for s in seqs]
-        slots = counts.slots(seq_ids)
-        sub = x[index]  # [P, vocab]
-        n = counts.data[slots]  # [P, vocab] int32
-        generated = n > 0
-        if any(p.repetition_penalty != 1.0 for p in params):
-            rep = torch.tensor([p.repetition_penalty for p in params], device=x.device)[:, None]  # [P, 1]
-            seen = generated | prompt.data[prompt.slots(seq_ids)]
-            sub = torch.where(seen, torch.where(sub < 0, sub * rep, sub / rep), sub)
-        if any(p.frequency_penalty for p in params):
-            freq = torch.tensor([p.frequency_penalty for p in params], device=x.device)[:, None]
-            sub = sub - freq * n
-        if any(p.presence_penalty for p in params):
-            presence = torch.tensor([p.presence_penalty for p in params], device=x.device)[:, None]
-            sub = sub - presence * generated
-        if any(p.repetition_penalty < 1.0 for p in params):
+    def _add(x: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
+        """x[rows] += values [len(rows), vocab], in place."""
+        if len(rows) == x.shape[0]:
+            x += values
+        else:
+            x.index_add_(0, torch.tensor(rows, device=x.device), values)
+
+    @staticmethod
+    def _penalize(x: torch.Tensor, seqs: Seq[Sequence], rows: list[int], penalty: torch.Tensor) -> torch.Tensor:
+        """Repetition (as HF's RepetitionPenaltyLogitsProcessor: x * p below 0, x / p above; a factor of 1 leaves x
+        exactly as it is), then frequency x count + presence x (count > 0); penalty [P, 2, vocab]."""
+        whole = len(rows) == len(seqs)
+        index = None if whole else torch.tensor(rows, device=x.device)
+        sub = x if whole else x.index_select(0, index)  # [P, vocab]
+        factor = penalty[:, FACTOR]
+        # HF's where(x < 0, x * p, x / p) as a sum in which one term is 0 (-inf stays -inf), plus the offset
+        sub = torch.addcdiv(torch.addcmul(penalty[:, OFFSET], sub.clamp(max=0), factor), sub.clamp(min=0), factor)
+        if any(seqs[i].sampling.repetition_penalty < 1.0 for i in rows):
             sub = sub.clamp(max=torch.finfo(sub.dtype).max)  # a tiny penalty can scale a logit past float's range
+        if whole:
+            return sub
         x[index] = sub
+        return x
+
+    def _bans(self, seqs: Seq[Sequence], vocab: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (rows, token IDs) to set to -inf: the last token of each bad word whose other tokens end the output,
+        and the stop IDs of rows still under min_tokens (vLLM: the output only, never the prompt); None if none."""
+        rows: list[int] = []
+        ids: list[int] = []
+        for i, s in enumerate(seqs):
+            state = self._rows.get(s.seq_id)
+            if state is None or not (state.prefixed or state.stops):
+                continue
+            out = s.output_ids
+            for before, last in state.prefixed:
+                if len(out) >= len(before) and tuple(out[len(out) - len(before):]) == before and last < vocab:
+                    rows.append(i)
+                    ids.append(last)
+            if len(out) < s.sampling.min_tokens:
+                stops = [t for t in state.stops if t < vocab]
+                rows += [i] * len(stops)
+                ids += stops
+        if not rows:
+            return None
+        return torch.tensor(rows, device=self.device), torch.tensor(ids, device=self.device)
 
     @torch.no_grad()
     def record(self, seqs: Seq[Sequence], tokens: Seq[int]) -> None:
-        """Counts this step's tokens (one per row) for the penalized rows."""
-        if self._tables is None:
+        """This step's tokens (one per row) into the penalty rows: the token is now seen (the repetition factor) and
+        counted (the frequency penalty; the presence penalty the first time)."""
+        if self._penalty is None:
             return
-        counts = self._tables[0]
-        hit = [(s.seq_id, t) for s, t in zip(seqs, tokens, strict=True) if s.seq_id in counts]
-        if hit:
-            slots = counts.slots([s for s, _ in hit])
-            ids = torch.tensor([t for _, t in hit], device=self.device)
-            counts.data[slots, ids] += 1
+        rows, slots = self._penalty.members(seqs)
+        if slots is None:
+            return
+        factors, minus = [], []
+        for i in rows:
+            p, generated = seqs[i].sampling, self._rows[seqs[i].seq_id].generated
+            factors.append(p.repetition_penalty)
+            minus.append(-p.frequency_penalty - (p.presence_penalty if tokens[i] not in generated else 0.0))
+            generated.add(tokens[i])
+        ids = torch.tensor([tokens[i] for i in rows], dtype=torch.long, device=self.device)
+        values = torch.tensor([factors, minus], device=self.device)  # [2, P]
+        data = self._penalty.data
+        data.index_put_((slots, self._channel[FACTOR], ids), values[FACTOR])
+        data.index_put_((slots, self._channel[OFFSET], ids), values[OFFSET], accumulate=True)

@@ -9,6 +9,7 @@ reports them by default.
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -38,11 +39,10 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
-    """[rows, vocab] temperature-scaled logits with each token below min_p x its row's top probability at -inf
-    (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays)."""
-    probs = scaled.softmax(-1)
-    floor = torch.tensor(min_p, device=scaled.device)[:, None] * probs.amax(-1, keepdim=True)  # [rows, 1]
-    return scaled.masked_fill(probs < floor, float("-inf"))
+    """[rows, vocab] temperature-scaled logits whose row max is 0 -> [rows, vocab] bool: the tokens whose probability
+    is below min_p x their row's top probability (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays).
+    With the top logit at 0 that ratio is exp(logit), so the test needs no softmax: logit < log(min_p)."""
+    return scaled < torch.tensor([math.log(p) if p else -math.inf for p in min_p], device=scaled.device)[:, None]
 
 
 @torch.inference_mode()
@@ -60,10 +60,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
         scaled = (rows - rows.amax(-1, keepdim=True)) / temps
         if any(params[r].min_p for r in sampled):
-            scaled = _min_p(scaled, [params[r].min_p for r in sampled])
+            scaled = scaled.masked_fill(_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
+        probs = scaled.softmax(-1)  # [sampled, vocab]
+        filtered = [p.top_k or p.top_p < 1.0 for p in (params[r] for r in sampled)]
         for k, row in enumerate(sampled):
-            filtered = _filter(scaled[k], params[row])  # [vocab]
-            chosen[row] = torch.multinomial(filtered.softmax(-1), 1, generator=generators[row])[0]
+            # top-k / top-p per row, on what min-p left
+            weights = _filter(scaled[k], params[row]).softmax(-1) if filtered[k] else probs[k]  # [vocab]
+            chosen[row] = torch.multinomial(weights, 1, generator=generators[row])[0]
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)
     if any(want):

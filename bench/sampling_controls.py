@@ -1,0 +1,59 @@
+"""Issue 23's row: whole-stack tokens/s with penalties and min_p on every request vs the same requests without them,
+measured side by side in one run (ratio per repeat; target >= 0.85).
+
+    python -m bench.sampling_controls [--model tiny-text] [--streams 64] [--new-tokens 128] [--repeats 3]
+
+Every request samples (temperature 0.8, its own seed) and is ignore_eos; prompts are 16-64 ordinary token IDs
+(Complete). The controlled side adds repetition, frequency and presence penalties and min_p to each request, so
+the engine keeps per-row token counts and runs the penalty and min_p ops on the whole batch at every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from bench.measure import report_paired
+from bench.stack_throughput import prompts, stack_parser, start_bench_stack
+from clients import AsyncSpliceClient
+
+CONTROLS = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2, min_p=0.05)
+
+
+async def run(client: AsyncSpliceClient, batch: list[list[int]], new_tokens: int, controls: dict) -> float:
+    async def one(k: int, ids: list[int]) -> int:
+        return sum([len(c.token_ids) async for c in client.complete(
+            [ids], temperature=0.8, seed=k, ignore_eos=True, max_tokens=new_tokens, **controls)])
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(k, ids) for k, ids in enumerate(batch)))
+    assert counts == [new_tokens] * len(batch), counts
+    return sum(counts) / (time.perf_counter() - start)
+
+
+async def main() -> None:
+    parser = stack_parser(__doc__)
+    parser.set_defaults(new_tokens=128)
+    args = parser.parse_args()
+    engine, pre = start_bench_stack(args)
+    try:
+        async with AsyncSpliceClient(pre.address, timeout=600) as client:
+            batch = prompts(args.streams)
+            for controls in (CONTROLS, {}):  # warm both paths
+                await run(client, batch[:4], 4, controls)
+            ours, base = [], []
+            for _ in range(args.repeats):
+                ours.append(await run(client, batch, args.new_tokens, CONTROLS))
+                base.append(await run(client, batch, args.new_tokens, {}))
+        report_paired(f"{args.model}: stack tok/s at {args.streams} streams x {args.new_tokens} tokens, penalties + "
+                      f"min_p on every request vs none", ours, base, "tok/s")
+    finally:
+        pre.stop()
+        engine.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
