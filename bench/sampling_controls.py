@@ -1,11 +1,12 @@
-"""Issue 23's row: whole-stack tokens/s with penalties and min_p on every request vs the same requests without them,
-measured side by side in one run (ratio per repeat; target >= 0.85).
+"""Issue 23's row: whole-stack tokens/s with penalties, min_p and top_logprobs=5 on every request vs the same requests
+without them, measured side by side in one run (ratio per repeat; target >= 0.85).
 
     python -m bench.sampling_controls [--model tiny-text] [--streams 64] [--new-tokens 128] [--repeats 3]
 
 Every request samples (temperature 0.8, its own seed) and is ignore_eos; prompts are 16-64 ordinary token IDs
-(Complete). The controlled side adds repetition, frequency and presence penalties and min_p to each request, so
-the engine keeps per-row token counts and runs the penalty and min_p ops on the whole batch at every step.
+(Complete). The controlled side adds repetition, frequency and presence penalties, min_p and the 5 most likely tokens'
+logprobs to each request, so the engine keeps per-row penalty state, runs the penalty, min_p and top-k logprob ops on
+the whole batch at every step, and every token carries 5 alternatives over both gRPC hops.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from bench.measure import report_paired
 from bench.stack_throughput import prompts, stack_parser, start_bench_stack
 from clients import AsyncSpliceClient
 
-CONTROLS = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2, min_p=0.05)
+CONTROLS = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2, min_p=0.05, logprobs=True,
+                top_logprobs=5)
 
 
 async def run(client: AsyncSpliceClient, batch: list[list[int]], new_tokens: int, controls: dict) -> float:
@@ -49,7 +51,7 @@ async def main() -> None:
                 ours.append(await run(client, batch, args.new_tokens, CONTROLS))
                 base.append(await run(client, batch, args.new_tokens, {}))
         report_paired(f"{args.model}: stack tok/s at {args.streams} streams x {args.new_tokens} tokens, penalties + "
-                      f"min_p on every request vs none", ours, base, "tok/s")
+                      f"min_p + top_logprobs=5 on every request vs none", ours, base, "tok/s")
     finally:
         pre.stop()
         engine.stop()

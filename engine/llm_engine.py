@@ -351,13 +351,13 @@ class LLMEngine:
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         controlled = self._controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
-        tokens, logprobs = sample(controlled, [s.sampling for s in seqs], [self._generators[s.seq_id] for s in seqs],
-                                  raw=logits)
+        tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs],
+                                        [self._generators[s.seq_id] for s in seqs], raw=logits)
         self._controls.record(seqs, tokens)
         finished: set[int] = set()
         skipped = 0
         with self._lock:
-            for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
+            for seq, tok, lp, top in zip(seqs, tokens, logprobs, tops, strict=True):
                 if seq.is_finished:  # aborted while this step ran: nothing more goes out
                     finished.add(seq.seq_id)
                     skipped += 1
@@ -367,7 +367,8 @@ class LLMEngine:
                     self.scheduler.finish(seq, reason)
                     finished.add(seq.seq_id)
                 usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
-                self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage))
+                self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage,
+                                             *(top if top is not None else ((), ()))))
                 if reason is not None:
                     self._release(seq)
         # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its

@@ -16,6 +16,8 @@ import torch
 
 from splice.sampling import SamplingParams
 
+Top = tuple[tuple[int, ...], tuple[float, ...]]  # a row's most likely tokens and their logprobs, most likely first
+
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
@@ -47,9 +49,9 @@ def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
 
 @torch.inference_mode()
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-           raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None]]:
-    """logits [batch, vocab] -> one token per row, and its logprob (from `raw`, default `logits`) for rows that
-    asked."""
+           raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None], list[Top | None]]:
+    """logits [batch, vocab] -> one token per row, its logprob (from `raw`, default `logits`) for rows that asked,
+    and for rows with top_logprobs = k the k most likely tokens and their logprobs."""
     logits = logits.float()
     chosen = logits.argmax(dim=-1)  # [batch]; kept for greedy rows
     sampled = [row for row, p in enumerate(params) if not p.greedy]
@@ -69,8 +71,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             chosen[row] = torch.multinomial(weights, 1, generator=generators[row])[0]
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)
+    tops: list[Top | None] = [None] * len(params)
     if any(want):
-        source = logits if raw is None else raw.float()
-        picked = source.log_softmax(-1).gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
+        every = (logits if raw is None else raw.float()).log_softmax(-1)  # [batch, vocab]
+        picked = every.gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
         logprobs = [lp if w else None for lp, w in zip(picked, want, strict=True)]
-    return chosen.tolist(), logprobs
+        k = max(p.top_logprobs for p in params)
+        if k:
+            values, ids = every.topk(min(k, every.shape[-1]), dim=-1)  # [batch, k], most likely first
+            values, ids = values.tolist(), ids.tolist()
+            tops = [(tuple(ids[r][:p.top_logprobs]), tuple(values[r][:p.top_logprobs])) if p.top_logprobs else None
+                    for r, p in enumerate(params)]
+    return chosen.tolist(), logprobs, tops

@@ -43,7 +43,8 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                 if stops.matched is not None:
                     # Returning closes `outputs`, which cancels the engine call: nothing more is needed.
                     yield GenerationChunk(text, out.token_ids, out.logprobs, FinishReason.STOP,
-                                          Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched)
+                                          Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched,
+                                          out.top_ids, out.top_logprobs)
                     return
             produced += len(out.token_ids)
             if out.finish_reason is not None:
@@ -52,10 +53,12 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                     text += stops.flush()
                 usage = out.usage or Usage(request.prompt_len, produced)
                 reason = FinishReason.STOP if stops.matched is not None else out.finish_reason
-                yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "")
+                yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "",
+                                      out.top_ids, out.top_logprobs)
                 return
             if out.token_ids:
-                yield GenerationChunk(text, out.token_ids, out.logprobs)
+                yield GenerationChunk(text, out.token_ids, out.logprobs, top_ids=out.top_ids,
+                                      top_logprobs=out.top_logprobs)
         raise Unavailable("the engine's stream ended without a final chunk")
     finally:
         await outputs.aclose()
@@ -66,9 +69,11 @@ def _push_with_stops(out: EngineOutput, detok: IncrementalDetokenizer, stops: St
     """Pushes `out`'s tokens one by one: the text released, and the final chunk if a stop string matched (its
     IDs end at the token that completed it)."""
     texts: list[str] = []
+    k = len(out.top_ids) // len(out.token_ids)  # top_logprobs per token
     for i, token in enumerate(out.token_ids):
         texts.append(stops.push(detok.push(token), produced + i + 1 > floor))
         if stops.matched is not None:
             return "", GenerationChunk("".join(texts), out.token_ids[:i + 1], out.logprobs[:i + 1],
-                                       FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched)
+                                       FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched,
+                                       out.top_ids[:(i + 1) * k], out.top_logprobs[:(i + 1) * k])
     return "".join(texts), None

@@ -24,6 +24,7 @@ LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range
 # checked against each row's output at every step; vLLM's default cap (VLLM_MAX_NUM_BAD_WORDS) is the same.
 MAX_BAD_WORDS = 128
 UINT32_MAX = 2**32 - 1  # min_tokens travels as a uint32
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound, vLLM's default max_logprobs)
 INT32_MAX = 2**31 - 1  # token IDs travel as int32
 
 
@@ -43,6 +44,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # [0, 20]: also the most likely tokens at each step and their logprobs (needs logprobs)
     skip_special_tokens: bool = True
     # --- penalties and masks (vLLM's semantics; engine/logits_controls.py applies them) ---
     presence_penalty: float = 0.0  # [-2, 2]; subtracted once from each token generated so far
@@ -82,6 +84,10 @@ class SamplingParams:
         self._check_controls()
 
     def _check_controls(self) -> None:
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"sampling.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidArgument("sampling.top_logprobs needs logprobs set")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -PENALTY_RANGE <= value <= PENALTY_RANGE:  # (NaN fails every comparison)
@@ -149,6 +155,7 @@ class SamplingParams:
             stop=tuple(pb.stop),
             ignore_eos=pb.ignore_eos,
             logprobs=pb.logprobs,
+            top_logprobs=pb.top_logprobs,
             skip_special_tokens=pb.skip_special_tokens if pb.HasField("skip_special_tokens") else True,
             presence_penalty=pb.presence_penalty,
             frequency_penalty=pb.frequency_penalty,
@@ -171,6 +178,7 @@ class SamplingParams:
             stop=list(self.stop),
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
@@ -44,13 +43,6 @@ def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
     return core
 
 
-def _token_texts(core: PreprocessorCore):
-    def texts(ids: Sequence[int]) -> list[str]:
-        return [core.detokenize([t], skip_special_tokens=False) for t in ids]
-
-    return texts
-
-
 def build_app(link: EngineLink, options: HttpOptions, admission: Admission | None = None) -> FastAPI:
     """`admission`: shared with the gRPC face, so one set of caps covers both."""
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
@@ -71,7 +63,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         conv = convert.conversation_from_http(body, fetched)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage)
+        shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage)
         chunks = core.chat(conv, sampling, request_id)
         if body.stream:
             return await stream_response(request, chunks, shape)
@@ -84,7 +76,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         parts = convert.prompt_from_http(body)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage)
+        shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage)
         chunks = core.complete(parts, sampling, request_id)
         if body.stream:
             return await stream_response(request, chunks, shape)
@@ -107,7 +99,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)
-        strs = await asyncio.to_thread(_token_texts(core), tokens) if body.return_token_strs else None
+        strs = await asyncio.to_thread(core.token_texts, tokens) if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": core.info.max_model_len, "tokens": tokens, "token_strs": strs}
 
     @api.post("/detokenize")

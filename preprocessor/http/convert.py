@@ -126,7 +126,7 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> SamplingParams:
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
     for name, off in UNHONOURED.items():
@@ -145,6 +145,7 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> S
         stop=stop,
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
         skip_special_tokens=body.skip_special_tokens,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
@@ -159,11 +160,10 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> S
 
 
 def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
-    if body.top_logprobs:
-        raise InvalidArgument(f"top_logprobs must be 0: only the chosen token's logprob is reported, got "
-                              f"{body.top_logprobs}")
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidArgument("top_logprobs needs logprobs: true")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _common(body, max_tokens, body.logprobs)
+    return _common(body, max_tokens, body.logprobs, body.top_logprobs or 0)
 
 
 def completion_sampling(body: CompletionRequest) -> SamplingParams:
@@ -171,7 +171,4 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
         raise InvalidArgument("echo is not supported")
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
-    if body.logprobs is not None and not 0 <= body.logprobs <= 1:
-        raise InvalidArgument(f"logprobs must be 0 or 1: only the chosen token's logprob is reported, got "
-                              f"{body.logprobs}")
-    return _common(body, body.max_tokens, body.logprobs is not None)
+    return _common(body, body.max_tokens, body.logprobs is not None, body.logprobs or 0)

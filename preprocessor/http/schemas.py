@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from splice.sampling import LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE, UINT32_MAX
+from splice.sampling import LOGIT_BIAS_RANGE, MAX_BAD_WORDS, MAX_TOP_LOGPROBS, PENALTY_RANGE, UINT32_MAX
 
 
 class _Body(BaseModel):
@@ -88,7 +88,7 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -98,7 +98,7 @@ class CompletionRequest(GenerationFields):
     # text, token IDs, or a one-element list of either (OpenAI's batch form, one prompt only)
     prompt: str | list[int] | list[str] | list[list[int]] | None = None
     prompt_embeds: str | list[str] | None = None  # vLLM: base64 of torch.save(tensor); "safetensors:" + base64
-    logprobs: int | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # the chosen token's and this many most likely
     echo: bool = False
     suffix: str | None = None
 

@@ -21,7 +21,7 @@ def gens(n: int, seed: int | None = 0):
 
 def test_greedy_is_argmax_and_logprobs_are_the_raw_distribution():
     x = logits()
-    toks, lps = sample(x, [SamplingParams(temperature=0.0, logprobs=True)] * 3, gens(3))
+    toks, lps, _ = sample(x, [SamplingParams(temperature=0.0, logprobs=True)] * 3, gens(3))
     assert toks == x.argmax(-1).tolist()
     want = x.log_softmax(-1).max(-1).values.tolist()
     assert all(abs(a - b) < 1e-6 for a, b in zip(lps, want, strict=True))
@@ -76,5 +76,19 @@ def test_tiny_temperatures_never_produce_nan(temperature):
     # logits with a wide range: dividing by a tiny temperature without shifting would overflow to inf
     logits = torch.linspace(-30.0, 30.0, 50)[None].repeat(2, 1)
     params = [SamplingParams(temperature=temperature, seed=1), SamplingParams(temperature=0.0)]
-    tokens, _ = sample(logits, params, [make_generator(1, CPU), make_generator(2, CPU)])
+    tokens, _, _ = sample(logits, params, [make_generator(1, CPU), make_generator(2, CPU)])
     assert tokens == [int(logits[0].argmax()), int(logits[1].argmax())]
+
+
+def test_top_logprobs_are_each_rows_k_most_likely_of_the_raw_distribution():
+    x = logits(3, 50)
+    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.7, logprobs=True, top_logprobs=2)]
+    _, lps, tops = sample(x, params, gens(3))
+    want = x.log_softmax(-1).topk(5, dim=-1)
+    assert tops[1] is None and lps[1] is None
+    for row, k in ((0, 5), (2, 2)):
+        ids, values = tops[row]
+        assert list(ids) == want.indices[row, :k].tolist()
+        assert all(abs(a - b) < 1e-6 for a, b in zip(values, want.values[row, :k].tolist(), strict=True))
+    assert tops[0][0][0] == int(x[0].argmax())  # greedy: the chosen token leads the list

@@ -204,6 +204,6 @@ def test_logprobs_come_from_the_raw_logits():
     raw = _logits(1, 0)
     controlled = raw.clone()
     controlled[0, 5] = 1e3
-    tokens, lps = sample(controlled, [SamplingParams(temperature=0.0, logprobs=True)], [make_generator(0, CPU)],
-                         raw=raw)
+    tokens, lps, _ = sample(controlled, [SamplingParams(temperature=0.0, logprobs=True)], [make_generator(0, CPU)],
+                            raw=raw)
     assert tokens == [5] and abs(lps[0] - raw.log_softmax(-1)[0, 5].item()) < 1e-6

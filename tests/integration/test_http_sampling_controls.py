@@ -128,3 +128,43 @@ class _NoSentinels:
     @staticmethod
     def check_text(text: str, where: object, what: str = "text") -> None:
         pass
+
+
+def test_chat_top_logprobs_are_the_most_likely_alternatives_as_on_grpc(client, grpc_client):
+    k = 5
+    reply = client.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=N, logprobs=True,
+                                           top_logprobs=k, extra_body={"ignore_eos": True})
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == N
+    for item in content:
+        alternatives = [a.logprob for a in item.top_logprobs]
+        assert len(alternatives) == k and alternatives == sorted(alternatives, reverse=True)
+        assert item.top_logprobs[0].token == item.token and item.top_logprobs[0].logprob == item.logprob  # greedy
+    chunks = list(grpc_client.chat(MSGS, temperature=0.0, max_tokens=N, ignore_eos=True, logprobs=True,
+                                   top_logprobs=k))
+    tops = [top for c in chunks for top in c.top_logprobs]
+    assert [[lp for _, lp in top] for top in tops] == [[a.logprob for a in i.top_logprobs] for i in content]
+    streamed = client.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=N, logprobs=True,
+                                              top_logprobs=k, stream=True, extra_body={"ignore_eos": True})
+    items = [i for c in streamed if c.choices and c.choices[0].logprobs for i in c.choices[0].logprobs.content]
+    assert [i.model_dump() for i in items] == [i.model_dump() for i in content]
+
+
+def test_completions_logprobs_n_map_the_chosen_and_the_n_most_likely(client):
+    done = client.completions.create(model=MODEL, prompt="Once upon", temperature=0.9, seed=3, max_tokens=N,
+                                     logprobs=3, extra_body={"ignore_eos": True})
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.top_logprobs) == N
+    assert sum(len(top) >= 3 for top in lp.top_logprobs) > N // 2
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        # vLLM's N, or N + 1 when the draw was not among them (fewer when two share a text: the chosen one's kept)
+        assert top[token] == chosen and 1 <= len(top) <= 4
+        assert max(top.values()) >= chosen
+
+
+def test_top_logprobs_out_of_range_or_without_logprobs_are_400(client):
+    for body in ({"logprobs": True, "top_logprobs": 21}, {"top_logprobs": 2}):
+        with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+            client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, **body)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=21)

@@ -83,3 +83,18 @@ def test_out_of_bounds_controls_are_refused_by_the_schema_naming_the_field(field
 def test_rules_across_fields_are_refused_by_name(body, named):
     with pytest.raises(InvalidArgument, match=named):
         chat_sampling(ChatCompletionRequest(messages=MESSAGES, **body))
+
+
+def test_top_logprobs_reach_the_sampling_params_and_need_logprobs():
+    assert chat_sampling(ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=20)).top_logprobs == 20
+    done = completion_sampling(CompletionRequest(prompt="Hi", logprobs=5))
+    assert done.logprobs and done.top_logprobs == 5
+    zero = completion_sampling(CompletionRequest(prompt="Hi", logprobs=0))
+    assert zero.logprobs and zero.top_logprobs == 0
+    with pytest.raises(InvalidArgument, match="top_logprobs needs logprobs"):
+        chat_sampling(ChatCompletionRequest(messages=MESSAGES, top_logprobs=2))
+    for bad in (21, -1):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=bad)
+        with pytest.raises(ValidationError):
+            CompletionRequest(prompt="Hi", logprobs=bad)
