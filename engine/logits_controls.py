@@ -139,7 +139,7 @@ class LogitsControls:
     def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         """logits [rows, vocab] (row i is seqs[i]'s) -> the controlled logits, a new float32 tensor; `logits` itself
         is returned unchanged when no row has a control."""
-        if not any(s.seq_id in self._rows for s in seqs):
+        if not self._rows or not any(s.seq_id in self._rows for s in seqs):
             return logits
         self._make_rows(logits.shape[-1])
         bias_rows, bias_slots = self._bias.members(seqs)
