@@ -151,6 +151,33 @@ def _secured(args: argparse.Namespace) -> str:
     return ", ".join(p for p in parts if p)
 
 
+# `splice chat` flags that map one-to-one onto SamplingParams fields (given = sent; the server checks the values)
+CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                 "min_tokens")
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    try:
+        token, bias = text.split("=")
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 50256=-100), got {text!r}") from None
+
+
+def chat_sampling(args: argparse.Namespace) -> dict:
+    """`splice chat`'s flags -> the client's sampling keywords."""
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    sampling.update({name: getattr(args, name) for name in CHAT_CONTROLS if getattr(args, name) is not None})
+    if args.logit_bias:
+        sampling["logit_bias"] = dict(args.logit_bias)
+    if args.bad_word:
+        sampling["bad_words"] = tuple(args.bad_word)
+    if args.stop:
+        sampling["stop"] = tuple(args.stop)
+        sampling["include_stop_str_in_output"] = args.include_stop_str
+    return sampling
+
+
 def _chat(args: argparse.Namespace) -> int:
     from safetensors.torch import load_file
 
@@ -171,9 +198,7 @@ def _chat(args: argparse.Namespace) -> int:
     content.append({"type": "text", "text": args.prompt})
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
-    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
-    if args.seed is not None:
-        sampling["seed"] = args.seed
+    sampling = chat_sampling(args)
     from splice.security import ClientTLS
 
     try:
@@ -268,6 +293,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None, help="[-2, 2]; per token generated so far")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2]; per time a token was generated")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="> 0; over prompt and answer tokens")
+    p.add_argument("--min-p", type=float, default=None, help="[0, 1]; relative to the most likely token")
+    p.add_argument("--min-tokens", type=int, default=None, help="no EOS or stop before this many tokens")
+    p.add_argument("--logit-bias", action="append", type=_logit_bias, metavar="TOKEN_ID=BIAS",
+                   help="add BIAS in [-100, 100] to a token's logit (repeatable)")
+    p.add_argument("--bad-word", action="append", metavar="WORD", help="a word never generated (repeatable)")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
+    p.add_argument("--include-stop-str", action="store_true", help="keep the matched stop string in the answer")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")

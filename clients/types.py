@@ -16,6 +16,9 @@ class Chunk:
     finish_reason: FinishReason | None = None  # STOP | LENGTH on the final chunk (== "stop" | "length")
     usage: Usage | None = None  # final chunk only
     stop_reason: str = ""  # the stop string that matched, if any
+    # with top_logprobs = k: for each token, the k most likely tokens at its step, (token ID, logprob), most likely
+    # first
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
@@ -26,7 +29,16 @@ class Chunk:
             finish_reason=FinishReason.from_pb(pb.finish_reason),
             usage=Usage.from_pb(pb.usage) if pb.HasField("usage") else None,
             stop_reason=pb.stop_reason,
+            top_logprobs=_per_token(pb),
         )
+
+
+def _per_token(pb: preprocessor_pb2.GenerationChunk) -> tuple[tuple[tuple[int, float], ...], ...]:
+    if not pb.top_token_ids or not pb.token_ids:
+        return ()
+    k = len(pb.top_token_ids) // len(pb.token_ids)
+    pairs = list(zip(pb.top_token_ids, pb.top_logprobs, strict=True))
+    return tuple(tuple(pairs[i * k:(i + 1) * k]) for i in range(len(pb.token_ids)))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
+from engine.logits_controls import LogitsControls
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, batch_capacity
 from engine.models import Prompt
@@ -72,6 +73,7 @@ class LLMEngine:
         self._listeners: dict[int, Listener] = {}  # seq_id -> where its outputs go
         self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
+        self._controls = LogitsControls(self.m.device)  # penalties and masks: per-sequence state, batched apply
         self.steps = 0  # forwards run; tests and metrics read it
         self.packed_steps = 0  # of those, mixed steps run as one packed forward
         self.stats: EngineStats = EngineStats()  # Prometheus recording, per step or per request
@@ -249,8 +251,7 @@ class LLMEngine:
             with self._lock:
                 self.scheduler.chunk_done(chunk.seq, chunk.seq.prompt_len if done else chunk.end)
         for seq, _ in done:
-            self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
-            seq.payload = None  # prompt tensors are no longer needed
+            self._started(seq)
         # one sampling and one hand-off for the step: the rows' tokens and the first tokens of completed prompts
         self._postprocess(seqs + [s for s, _ in done], torch.cat([decoded, prefilled]))
         seconds = time.perf_counter() - start
@@ -274,8 +275,7 @@ class LLMEngine:
             self.scheduler.chunk_done(seq, chunk.end if logits is None else seq.prompt_len)
         if logits is None:
             return
-        self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
-        seq.payload = None
+        self._started(seq)
         self._postprocess([seq], logits)
         self._record_prefill([seq], [arrival], start)
 
@@ -308,8 +308,7 @@ class LLMEngine:
             if not ready:
                 return
         for seq in ready:
-            self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
-            seq.payload = None  # prompt tensors are no longer needed
+            self._started(seq)
         self._postprocess(ready, logits)
 
     def _prefill_one_by_one(self, seqs: list[Sequence],
@@ -337,12 +336,27 @@ class LLMEngine:
             return
         self._postprocess(seqs, logits)
 
+    def _started(self, seq: Sequence) -> None:
+        """`seq`'s prompt is in: its sampling state is made, its prompt tensors are dropped."""
+        self._generators[seq.seq_id] = make_generator(seq.sampling.seed, self.m.device)
+        req: EngineRequest = seq.payload
+        if seq.sampling.repetition_penalty != 1.0 and req.embed_spans:  # supplied rows are no tokens
+            covered = {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
+            prompt_ids = [t for i, t in enumerate(req.token_ids) if i not in covered]
+        else:
+            prompt_ids = req.token_ids
+        self._controls.start(seq, prompt_ids)  # (engine thread only, as are its apply, record and release)
+        seq.payload = None  # prompt tensors are no longer needed
+
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits, [s.sampling for s in seqs], [self._generators[s.seq_id] for s in seqs])
+        controlled = self._controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
+        tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs],
+                                        [self._generators[s.seq_id] for s in seqs], raw=logits)
+        self._controls.record(seqs, tokens)
         finished: set[int] = set()
         skipped = 0
         with self._lock:
-            for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
+            for seq, tok, lp, top in zip(seqs, tokens, logprobs, tops, strict=True):
                 if seq.is_finished:  # aborted while this step ran: nothing more goes out
                     finished.add(seq.seq_id)
                     skipped += 1
@@ -352,7 +366,8 @@ class LLMEngine:
                     self.scheduler.finish(seq, reason)
                     finished.add(seq.seq_id)
                 usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
-                self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage))
+                self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage,
+                                             *(top if top is not None else ((), ()))))
                 if reason is not None:
                     self._release(seq)
         # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its
@@ -384,6 +399,7 @@ class LLMEngine:
         if self._seqs.pop(seq.seq_id, None) is not None:  # counted once, however it ended
             self.stats.finished(seq.finish_reason.value if seq.finish_reason else "error")
         self._generators.pop(seq.seq_id, None)
+        self._controls.release(seq.seq_id)
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
         """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""

@@ -1,17 +1,22 @@
-"""Next-token choice for a batch: greedy, temperature, top-k, top-p, each row with its own generator.
+"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator.
 
-A row's draw depends only on its logits and its own seeded generator, so a seeded request gives the same
-tokens alone or in any batch. Logprobs are of the model's raw distribution (before temperature/top-k/p),
-as vLLM reports them by default.
+`logits` come in already through engine/logits_controls.py (penalties and masks), which greedy rows follow too;
+min-p, top-k and top-p shape only the sampled rows' distribution (after temperature, in vLLM's order). A row's draw
+depends only on its logits and its own seeded generator, so a seeded request gives the same tokens alone or in any
+batch. Logprobs are of the model's raw distribution (`raw`: before penalties, temperature and filters), as vLLM
+reports them by default.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 from splice.sampling import SamplingParams
+
+Top = tuple[tuple[int, ...], tuple[float, ...]]  # a row's most likely tokens and their logprobs, most likely first
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -35,21 +40,50 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """[rows, vocab] temperature-scaled logits whose row max is 0 -> [rows, vocab] bool: the tokens whose probability
+    is below min_p x their row's top probability (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays).
+    With the top logit at 0 that ratio is exp(logit), so the test needs no softmax: logit < log(min_p)."""
+    return scaled < torch.tensor([math.log(p) if p else -math.inf for p in min_p], device=scaled.device)[:, None]
+
+
 @torch.inference_mode()
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator]) -> tuple[list[int], list[float | None]]:
-    """logits [batch, vocab] -> one token per row, and its logprob for rows that asked."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+           raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None], list[Top | None]]:
+    """logits [batch, vocab] -> one token per row, its logprob (from `raw`, default `logits`) for rows that asked,
+    and for rows with top_logprobs = k the k most likely tokens and their logprobs."""
     logits = logits.float()
     chosen = logits.argmax(dim=-1)  # [batch]; kept for greedy rows
-    for row, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
-            continue
+    sampled = [row for row, p in enumerate(params) if not p.greedy]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        rows = logits[index]  # [sampled, vocab]
+        temps = torch.tensor([params[r].temperature for r in sampled], device=logits.device)[:, None]
         # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
-        scaled = _filter((logits[row] - logits[row].max()) / p.temperature, p)  # [vocab]
-        chosen[row] = torch.multinomial(scaled.softmax(-1), 1, generator=g)[0]
+        scaled = (rows - rows.amax(-1, keepdim=True)) / temps
+        if any(params[r].min_p for r in sampled):
+            scaled = scaled.masked_fill(_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
+        probs = scaled.softmax(-1)  # [sampled, vocab]
+        race = torch.empty_like(probs)  # [sampled, vocab]
+        for k, row in enumerate(sampled):
+            p = params[row]
+            if p.top_k or p.top_p < 1.0:  # top-k / top-p per row, on what min-p left
+                probs[k] = _filter(scaled[k], p).softmax(-1)
+            race[k].exponential_(generator=generators[row])
+        # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1) from the row's generator), for all
+        # rows at once: the same tokens as a multinomial per row, without its per-row checks and host syncs
+        chosen[index] = (probs / race).argmax(dim=-1)
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)
+    tops: list[Top | None] = [None] * len(params)
     if any(want):
-        picked = logits.log_softmax(-1).gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
+        every = (logits if raw is None else raw.float()).log_softmax(-1)  # [batch, vocab]
+        picked = every.gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
         logprobs = [lp if w else None for lp, w in zip(picked, want, strict=True)]
-    return chosen.tolist(), logprobs
+        k = max(p.top_logprobs for p in params)
+        if k:
+            values, ids = every.topk(min(k, every.shape[-1]), dim=-1)  # [batch, k], most likely first
+            values, ids = values.tolist(), ids.tolist()
+            tops = [(tuple(ids[r][:p.top_logprobs]), tuple(values[r][:p.top_logprobs])) if p.top_logprobs else None
+                    for r, p in enumerate(params)]
+    return chosen.tolist(), logprobs, tops

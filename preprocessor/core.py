@@ -75,6 +75,7 @@ class PreprocessorCore:
         self.info = info
         self.limits = limits or Limits()
         self._engine = engine
+        self._token_text: dict[int, str] = {}  # token_texts' cache
         self._own_sandbox = sandbox is None and self.limits.trust_request_chat_template
         self._sandbox = sandbox
         if self._own_sandbox:
@@ -218,6 +219,17 @@ class PreprocessorCore:
         # Sentinel IDs can be valid engine IDs (padded tables) but never decode to the internal sentinel text.
         return self.files.tokenizer.decode(self.files.sentinels.drop(ids), skip_special_tokens=skip_special_tokens,
                                            clean_up_tokenization_spaces=False)
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token's own text, special tokens included (as logprobs name them). Cached by ID, which the
+        vocabulary bounds: top_logprobs ask for up to 20 texts per generated token."""
+        out = []
+        for t in ids:
+            text = self._token_text.get(t)
+            if text is None:
+                text = self._token_text[t] = self.detokenize([t], skip_special_tokens=False)
+            out.append(text)
+        return out
 
     def model_info(self) -> ModelInfo:
         return self.info

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from preprocessor.admission import charge
+from preprocessor.bad_words import with_bad_words
 from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
 from preprocessor.embeds import decode_embeds
 from preprocessor.images import decode_image, image_cost, open_image
@@ -93,6 +94,7 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     run per image for it, so the generation path leaves it off. `render_request` renders the request's own
     template (the sandbox; or a prompt rendered beforehand)."""
     check_template_policy(conv, limits.trust_request_chat_template, limits.max_chat_template_bytes)
+    sampling = with_bad_words(sampling, files.tokenizer, files.sentinels)
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
@@ -127,6 +129,7 @@ def normalize_complete(parts: Sequence[PromptPart], sampling: SamplingParams, re
     part never gets any (it continues the prompt)."""
     if not parts:
         raise InvalidArgument("prompt is empty")
+    sampling = with_bad_words(sampling, files.tokenizer, files.sentinels)
     embeds = [p for p in parts if isinstance(p, Embeds)]
     check_counts(0, len(embeds), info, files, limits)
     # No sentinels: a caller's ID may equal a sentinel ID (padded embedding tables), so spans come from the

@@ -18,6 +18,9 @@ class GenerationChunk:
     finish_reason: FinishReason | None = None  # final chunk only; STOP or LENGTH
     usage: Usage | None = None  # final chunk only
     stop_reason: str = ""  # the stop string that ended the output, final chunk only
+    # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
     @property
     def final(self) -> bool:
@@ -25,7 +28,8 @@ class GenerationChunk:
 
     def to_pb(self) -> preprocessor_pb2.GenerationChunk:
         # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
-        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs)
+        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs,
+                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs)
         if self.finish_reason is not None:
             pb.finish_reason = finish_reason_to_pb(self.finish_reason)
         if self.stop_reason:

@@ -26,48 +26,54 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
     streamed as IDs but never decoded to text."""
     sampling = request.sampling
     detok = IncrementalDetokenizer(tokenizer, sampling.skip_special_tokens, drop_ids)
-    stops = StopMatcher(sampling.stop)
+    stops = StopMatcher(sampling.stop, sampling.include_stop_str_in_output)
+    floor = sampling.min_tokens  # stop strings match only in the text of the tokens after these (as vLLM)
     produced = 0
     outputs = engine.generate(request)
     try:
         async for out in outputs:
             if stops.active and len(out.token_ids) > 1:
                 # token by token: the chunk must end at the token that completed the stop string
-                text, stopped = _push_with_stops(out, detok, stops, request.prompt_len, produced)
+                text, stopped = _push_with_stops(out, detok, stops, request.prompt_len, produced, floor)
                 if stopped is not None:
                     yield stopped
                     return
             else:
-                text = stops.push(detok.push_many(out.token_ids))
+                text = stops.push(detok.push_many(out.token_ids), produced + len(out.token_ids) > floor)
                 if stops.matched is not None:
                     # Returning closes `outputs`, which cancels the engine call: nothing more is needed.
                     yield GenerationChunk(text, out.token_ids, out.logprobs, FinishReason.STOP,
-                                          Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched)
+                                          Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched,
+                                          out.top_ids, out.top_logprobs)
                     return
             produced += len(out.token_ids)
             if out.finish_reason is not None:
-                text += stops.push(detok.flush())
+                text += stops.push(detok.flush(), produced > floor)
                 if stops.matched is None:
                     text += stops.flush()
                 usage = out.usage or Usage(request.prompt_len, produced)
                 reason = FinishReason.STOP if stops.matched is not None else out.finish_reason
-                yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "")
+                yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "",
+                                      out.top_ids, out.top_logprobs)
                 return
             if out.token_ids:
-                yield GenerationChunk(text, out.token_ids, out.logprobs)
+                yield GenerationChunk(text, out.token_ids, out.logprobs, top_ids=out.top_ids,
+                                      top_logprobs=out.top_logprobs)
         raise Unavailable("the engine's stream ended without a final chunk")
     finally:
         await outputs.aclose()
 
 
 def _push_with_stops(out: EngineOutput, detok: IncrementalDetokenizer, stops: StopMatcher, prompt_len: int,
-                     produced: int) -> tuple[str, GenerationChunk | None]:
+                     produced: int, floor: int) -> tuple[str, GenerationChunk | None]:
     """Pushes `out`'s tokens one by one: the text released, and the final chunk if a stop string matched (its
     IDs end at the token that completed it)."""
     texts: list[str] = []
+    k = len(out.top_ids) // len(out.token_ids)  # top_logprobs per token
     for i, token in enumerate(out.token_ids):
-        texts.append(stops.push(detok.push(token)))
+        texts.append(stops.push(detok.push(token), produced + i + 1 > floor))
         if stops.matched is not None:
             return "", GenerationChunk("".join(texts), out.token_ids[:i + 1], out.logprobs[:i + 1],
-                                       FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched)
+                                       FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched,
+                                       out.top_ids[:(i + 1) * k], out.top_logprobs[:(i + 1) * k])
     return "".join(texts), None

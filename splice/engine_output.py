@@ -62,6 +62,9 @@ class EngineOutput:
     logprobs: tuple[float, ...] = ()  # same length as token_ids when asked, else empty
     finish_reason: FinishReason | None = None  # set on the last output only; STOP or LENGTH
     usage: Usage | None = None  # set on the last output only
+    # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:
@@ -84,10 +87,12 @@ class EngineOutput:
             raise ValueError("only the last of the merged outputs may be finished")
         last = outputs[-1]
         return cls(tuple(t for o in outputs for t in o.token_ids), tuple(lp for o in outputs for lp in o.logprobs),
-                   last.finish_reason, last.usage)
+                   last.finish_reason, last.usage, tuple(t for o in outputs for t in o.top_ids),
+                   tuple(lp for o in outputs for lp in o.top_logprobs))
 
     def to_pb(self) -> engine_pb2.GenerateResponse:
-        pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs)
+        pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs, top_token_ids=self.top_ids,
+                                         top_logprobs=self.top_logprobs)
         if self.finish_reason is not None:
             pb.finish_reason = self.finish_reason.to_pb()
             if self.usage is not None:
@@ -98,4 +103,5 @@ class EngineOutput:
     def from_pb(cls, pb: engine_pb2.GenerateResponse) -> EngineOutput:
         finish = FinishReason.from_pb(pb.finish_reason)
         usage = Usage.from_pb(pb.usage) if finish is not None else None
-        return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage)
+        return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage, tuple(pb.top_token_ids),
+                   tuple(pb.top_logprobs))

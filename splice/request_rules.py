@@ -15,6 +15,7 @@ import torch
 from splice.engine_request import PROMPT_EMBEDS, EngineRequest
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
+from splice.sampling import SamplingParams
 from splice.tensors import FLOAT_DTYPES
 
 
@@ -117,10 +118,27 @@ def check_spans(req: EngineRequest, info: ModelInfo) -> set[int]:
     return {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
 
 
+def check_controls(sampling: SamplingParams, info: ModelInfo) -> None:
+    """The token IDs of logit_bias, allowed_token_ids and bad_words index the engine's table, and
+    allowed_token_ids leaves a token that can be generated (one not banned by a one-token bad word, nor, under
+    min_tokens, an EOS or stop token ID)."""
+    for field, ids in sampling.token_ids().items():
+        check_ids(ids, info, field)
+    if not sampling.allowed_token_ids:
+        return
+    admitted = set(sampling.allowed_token_ids) - {s[0] for s in sampling.bad_words_token_ids if len(s) == 1}
+    if not admitted:
+        raise InvalidArgument("allowed_token_ids: every token it allows is banned by bad_words")
+    if sampling.min_tokens and admitted <= {*info.eos_token_ids, *sampling.stop_token_ids}:
+        raise InvalidArgument(f"allowed_token_ids allows only EOS or stop tokens, which min_tokens "
+                              f"({sampling.min_tokens}) bans from the first token")
+
+
 def check_request(req: EngineRequest, info: ModelInfo, where: object = "token_ids") -> set[int]:
-    """Length, IDs and spans (`where` names the IDs); returns the positions spans cover."""
+    """Length, IDs, sampling controls and spans (`where` names the IDs); returns the positions spans cover."""
     check_length(req.prompt_len, info)
     check_ids(req.token_ids, info, where)
+    check_controls(req.sampling, info)
     return check_spans(req, info)
 
 

@@ -1,10 +1,13 @@
 """SamplingParams: the one object that travels unchanged from the edge to the sampler.
 
-Defaults for the proto's `optional` fields are applied here and nowhere else.
+Defaults for the proto's `optional` fields are applied here and nowhere else. The limits are vLLM's
+(vllm/sampling_params.py), so a request vLLM accepts is accepted here.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from splice.errors import InvalidArgument
@@ -25,7 +28,22 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "seed": (0, 2**63 - 1),  # uint64, kept within a signed 64-bit generator seed
     "max_tokens": (1, UINT32_MAX),  # uint32
     "stop_token_ids": (0, INT32_MAX),  # int32 token IDs
+    "top_logprobs": (0, 20),  # alternatives per token (OpenAI's bound, vLLM's default max_logprobs)
+    "min_tokens": (0, UINT32_MAX),  # uint32
+    "logit_bias": (0, INT32_MAX),  # its keys: int32 token IDs
+    "allowed_token_ids": (0, INT32_MAX),  # int32 token IDs
 }
+PENALTY_RANGE = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)
+LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range)
+# bad_words: each word is tokenized twice (with and without a leading space), and every resulting sequence is
+# checked against each row's output at every step; vLLM's default cap (VLLM_MAX_NUM_BAD_WORDS) is the same.
+MAX_BAD_WORDS = 128
+MAX_TOP_LOGPROBS = INT_RANGES["top_logprobs"][1]
+
+
+def _pairs(bias: Mapping[int, float] | tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    return tuple(sorted((int(k), float(v)) for k, v in items))
 
 
 @dataclass(frozen=True)
@@ -39,10 +57,26 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # [0, 20]: also the most likely tokens at each step and their logprobs (needs logprobs)
     skip_special_tokens: bool = True
+    # --- penalties and masks (vLLM's semantics; engine/logits_controls.py applies them) ---
+    presence_penalty: float = 0.0  # [-2, 2]; subtracted once from each token generated so far
+    frequency_penalty: float = 0.0  # [-2, 2]; subtracted once per time a token was generated so far
+    repetition_penalty: float = 1.0  # > 0; divides positive / multiplies negative logits of prompt+output tokens
+    min_p: float = 0.0  # [0, 1]; drops tokens below min_p x the top token's probability (sampling only)
+    min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens are out
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, [-100, 100]) added to its logit; a dict is taken
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be generated; () = all
+    bad_words: tuple[str, ...] = ()  # words never generated (tokenized by the preprocessor into the next field)
+    # the token sequences of bad_words, written by the preprocessor (callers leave it empty): the last token of
+    # each is banned when the output so far ends with the others
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False  # the matched stop string ends the returned text
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _pairs(self.logit_bias))
+        object.__setattr__(self, "bad_words_token_ids", tuple(tuple(s) for s in self.bad_words_token_ids))
         if not (self.temperature >= 0.0) or self.temperature > 100.0:  # `not >=` also catches NaN
             raise InvalidArgument(f"sampling.temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -59,10 +93,63 @@ class SamplingParams:
         for i, s in enumerate(self.stop):
             if not s or len(s) > MAX_STOP_LEN:
                 raise InvalidArgument(f"sampling.stop[{i}] must be 1..{MAX_STOP_LEN} characters, got {len(s)}")
+        self._check_controls()
+
+    def _check_controls(self) -> None:
+        _check_range("top_logprobs", self.top_logprobs)
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidArgument("sampling.top_logprobs needs logprobs set")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -PENALTY_RANGE <= value <= PENALTY_RANGE:  # (NaN fails every comparison)
+                raise InvalidArgument(f"sampling.{name} must be in [-2, 2], got {value}")
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            raise InvalidArgument(f"sampling.repetition_penalty must be a finite number > 0, got "
+                                  f"{self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument(f"sampling.min_p must be in [0, 1], got {self.min_p}")
+        _check_range("min_tokens", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidArgument(f"sampling.min_tokens must be <= max_tokens ({self.max_tokens}), got "
+                                  f"{self.min_tokens}")
+        for token, bias in self.logit_bias:
+            _check_range("logit_bias", token, f": token ID {token}")
+            if not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
+                raise InvalidArgument(f"sampling.logit_bias[{token}] must be in [-100, 100], got {bias}")
+        for i, t in enumerate(self.allowed_token_ids):
+            _check_range("allowed_token_ids", t, f"[{i}]")
+        if len(self.bad_words) > MAX_BAD_WORDS:
+            raise InvalidArgument(f"sampling.bad_words holds {len(self.bad_words)} words; at most {MAX_BAD_WORDS}")
+        for i, word in enumerate(self.bad_words):
+            if not word.strip() or len(word) > MAX_STOP_LEN:
+                raise InvalidArgument(f"sampling.bad_words[{i}] must be 1..{MAX_STOP_LEN} characters and not only "
+                                      f"spaces, got {word!r}")
+        if len(self.bad_words_token_ids) > 2 * MAX_BAD_WORDS:
+            raise InvalidArgument(f"sampling.bad_words_token_ids holds {len(self.bad_words_token_ids)} sequences; "
+                                  f"at most {2 * MAX_BAD_WORDS}")
+        for i, ids in enumerate(self.bad_words_token_ids):
+            if not ids or any(not 0 <= t <= INT32_MAX for t in ids):
+                raise InvalidArgument(f"sampling.bad_words_token_ids[{i}] must be nonempty token IDs >= 0, got "
+                                      f"{list(ids)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+    @property
+    def penalized(self) -> bool:
+        """Any of presence, frequency or repetition penalty is on."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def masked(self) -> bool:
+        """A fixed change of the logits: logit_bias, allowed_token_ids or a one-token bad word."""
+        return bool(self.logit_bias or self.allowed_token_ids or any(len(s) == 1 for s in self.bad_words_token_ids))
+
+    def token_ids(self) -> dict[str, list[int]]:
+        """Every token ID the controls name, by field: what must index the engine's vocabulary."""
+        return {"logit_bias": [t for t, _ in self.logit_bias], "allowed_token_ids": list(self.allowed_token_ids),
+                "bad_words": [t for s in self.bad_words_token_ids for t in s]}
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -76,7 +163,18 @@ class SamplingParams:
             stop=tuple(pb.stop),
             ignore_eos=pb.ignore_eos,
             logprobs=pb.logprobs,
+            top_logprobs=pb.top_logprobs,
             skip_special_tokens=pb.skip_special_tokens if pb.HasField("skip_special_tokens") else True,
+            presence_penalty=pb.presence_penalty,
+            frequency_penalty=pb.frequency_penalty,
+            repetition_penalty=pb.repetition_penalty if pb.HasField("repetition_penalty") else 1.0,
+            min_p=pb.min_p,
+            min_tokens=pb.min_tokens,
+            logit_bias=dict(pb.logit_bias),
+            allowed_token_ids=tuple(pb.allowed_token_ids),
+            bad_words=tuple(pb.bad_words),
+            bad_words_token_ids=tuple(tuple(s.ids) for s in pb.bad_words_token_ids),
+            include_stop_str_in_output=pb.include_stop_str_in_output,
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -88,12 +186,24 @@ class SamplingParams:
             stop=list(self.stop),
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            logit_bias=dict(self.logit_bias),
+            allowed_token_ids=list(self.allowed_token_ids),
+            bad_words=list(self.bad_words),
+            bad_words_token_ids=[common_pb2.TokenSequence(ids=list(s)) for s in self.bad_words_token_ids],
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
         if self.seed is not None:
             pb.seed = self.seed
         if self.max_tokens is not None:
             pb.max_tokens = self.max_tokens
+        if self.repetition_penalty != 1.0:
+            pb.repetition_penalty = self.repetition_penalty
         return pb
 
 

@@ -136,3 +136,28 @@ def test_engine_output_roundtrip_and_only_stop_or_length_on_the_wire():
             EngineOutput((), finish_reason=internal)
     assert FinishReason.from_pb(common_pb2.FINISH_REASON_UNSPECIFIED) is None
     assert f"{FinishReason.STOP}" == "stop"  # CLI output and metrics labels print the value
+
+
+def test_every_control_survives_the_wire_and_top_logprobs_merge_in_order():
+    params = SamplingParams(temperature=0.5, presence_penalty=0.5, frequency_penalty=-1.5, repetition_penalty=1.25,
+                            min_p=0.5, min_tokens=3, max_tokens=9, logit_bias={7: -100.0, 3: 2.5},
+                            allowed_token_ids=(1, 2, 3), bad_words=("no",), bad_words_token_ids=((4,), (5, 6)),
+                            include_stop_str_in_output=True, logprobs=True, top_logprobs=2)
+    assert SamplingParams.from_pb(params.to_pb()) == params
+    assert SamplingParams.from_pb(SamplingParams().to_pb()) == SamplingParams()  # every control off when unset
+    a = EngineOutput((5,), (-0.5,), top_ids=(5, 9), top_logprobs=(-0.5, -1.0))
+    b = EngineOutput((6,), (-0.25,), FinishReason.STOP, Usage(2, 2), (6, 1), (-0.25, -2.0))
+    assert EngineOutput.from_pb(b.to_pb()) == b
+    merged = EngineOutput.merge([a, b])
+    assert merged.top_ids == (5, 9, 6, 1) and merged.top_logprobs == (-0.5, -1.0, -0.25, -2.0)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("presence_penalty", 2.5), ("frequency_penalty", float("nan")), ("repetition_penalty", 0.0),
+    ("repetition_penalty", float("inf")), ("min_p", 1.01), ("min_tokens", -1), ("logit_bias", {5: 100.5}),
+    ("logit_bias", {-1: 1.0}), ("allowed_token_ids", (2**31,)), ("top_logprobs", 21), ("bad_words", ("",)),
+    ("bad_words_token_ids", ((),)),
+])
+def test_controls_out_of_range_are_refused_by_name(field, value):
+    with pytest.raises(InvalidArgument, match=field):
+        SamplingParams(**{field: value, "logprobs": True})

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
 from importlib.metadata import version as _dist_version
 
 from fastapi import APIRouter, FastAPI, Request
@@ -47,13 +46,6 @@ def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
     if model is not None and model != core.info.model:
         raise NotFound(f"model {model!r} is not served here; this server serves {core.info.model!r}")
     return core
-
-
-def _token_texts(core: PreprocessorCore):
-    def texts(ids: Sequence[int]) -> list[str]:
-        return [core.detokenize([t], skip_special_tokens=False) for t in ids]
-
-    return texts
 
 
 async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
@@ -99,7 +91,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
-        shape = ChatShape(request_id, core.info.model, _token_texts(core), body.logprobs, include_usage,
+        shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
                           prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
                           role=convert.answer_role(body), echo=convert.echoed(body))
         chunks = core.generate(prepared)
@@ -117,7 +109,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
-        shape = Shape(request_id, core.info.model, _token_texts(core), sampling.logprobs, include_usage,
+        shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
                       prompt_ids=prepared.prompt_ids if body.return_token_ids else None)
         chunks = core.generate(prepared)
         if body.stream:
@@ -140,7 +132,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)
-        strs = await asyncio.to_thread(_token_texts(core), tokens) if body.return_token_strs else None
+        strs = await asyncio.to_thread(core.token_texts, tokens) if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": core.info.max_model_len, "tokens": tokens, "token_strs": strs}
 
     @api.post("/detokenize")

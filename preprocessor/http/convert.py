@@ -138,10 +138,8 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
 # unset and null) that leave it off. Any other value is refused rather than the request served without it.
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "min_tokens": (0,), "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "logit_bias": ({},),
-    "bad_words": ([],), "allowed_token_ids": (), "include_stop_str_in_output": (False,),
-    "spaces_between_special_tokens": (True,), "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (),
     "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
     "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
@@ -149,7 +147,7 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> SamplingParams:
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
     for name, off in UNHONOURED.items():
@@ -168,16 +166,25 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool) -> S
         stop=stop,
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
         skip_special_tokens=body.skip_special_tokens,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        min_p=body.min_p or 0.0,
+        min_tokens=body.min_tokens or 0,
+        logit_bias=body.logit_bias or {},
+        allowed_token_ids=tuple(body.allowed_token_ids or ()),
+        bad_words=tuple(body.bad_words or ()),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
     )
 
 
 def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
-    if body.top_logprobs:
-        raise InvalidArgument(f"top_logprobs must be 0: only the chosen token's logprob is reported, got "
-                              f"{body.top_logprobs}")
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidArgument("top_logprobs needs logprobs: true")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _common(body, max_tokens, body.logprobs)
+    return _common(body, max_tokens, body.logprobs, body.top_logprobs or 0)
 
 
 def completion_sampling(body: CompletionRequest) -> SamplingParams:
@@ -185,10 +192,7 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
         raise InvalidArgument("echo is not supported")
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
-    if body.logprobs is not None and not 0 <= body.logprobs <= 1:
-        raise InvalidArgument(f"logprobs must be 0 or 1: only the chosen token's logprob is reported, got "
-                              f"{body.logprobs}")
-    return _common(body, body.max_tokens, body.logprobs is not None)
+    return _common(body, body.max_tokens, body.logprobs is not None, body.logprobs or 0)
 
 
 # vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not

@@ -39,13 +39,21 @@ class Collected:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
     last: GenerationChunk | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
         self.text.append(chunk.text)
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
+        self.top_ids += chunk.top_ids
+        self.top_logprobs += chunk.top_logprobs
         self.last = chunk
+
+    def joined(self) -> GenerationChunk:
+        return GenerationChunk("".join(self.text), tuple(self.token_ids), tuple(self.logprobs),
+                               top_ids=tuple(self.top_ids), top_logprobs=tuple(self.top_logprobs))
 
 
 @dataclass
@@ -81,7 +89,7 @@ class Shape:
         choices = []
         for i, c in enumerate(collected):
             last = c.last
-            choice = self._whole_choice(i, "".join(c.text), c.token_ids, c.logprobs)
+            choice = self._whole_choice(i, c.joined())
             choice.update(finish_reason=_reason(last), stop_reason=(last.stop_reason or None) if last else None)
             choices.append(choice)
         body = self._envelope(self.object_name, choices)
@@ -118,26 +126,37 @@ class Shape:
         body["usage"] = usage_json(usage)
         return body
 
-    def _logprobs(self, ids: Sequence[int], logprobs: Sequence[float]) -> dict | None:
+    def _tops(self, piece: GenerationChunk) -> list[list[tuple[str, float]]]:
+        """Each token's most likely alternatives as (text, logprob), most likely first ([] without top_logprobs)."""
+        n = len(piece.token_ids)
+        k = len(piece.top_ids) // n if n else 0
+        texts = self.token_texts(piece.top_ids) if k else []
+        return [list(zip(texts[i * k:(i + 1) * k], piece.top_logprobs[i * k:(i + 1) * k], strict=True))
+                for i in range(n)]
+
+    def _logprobs(self, piece: GenerationChunk) -> dict | None:
+        """OpenAI's completions logprobs: top_logprobs maps the chosen token and the `logprobs` most likely to their
+        logprobs (vLLM's N or N + 1 entries; fewer when tokens share a text, the chosen one's logprob kept)."""
         if not self.logprobs:
             return None
-        tokens = self.token_texts(ids)
+        tokens = self.token_texts(piece.token_ids)
         offsets, at = [], 0
         for t in tokens:
             offsets.append(at)
             at += len(t)
-        return {"tokens": tokens, "token_logprobs": list(logprobs),
-                "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=False)], "text_offset": offsets}
+        tops = [{**dict(alternatives), t: lp}
+                for t, lp, alternatives in zip(tokens, piece.logprobs, self._tops(piece), strict=False)]
+        return {"tokens": tokens, "token_logprobs": list(piece.logprobs), "top_logprobs": tops, "text_offset": offsets}
 
-    def _whole_choice(self, index: int, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
-        choice = {"index": index, "text": text, "logprobs": self._logprobs(ids, logprobs),
+    def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
+        choice = {"index": index, "text": whole.text, "logprobs": self._logprobs(whole),
                   "prompt_logprobs": None}  # (vLLM's field; prompt_logprobs are refused, convert.py)
         if self.prompt_ids is not None:
-            choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(ids))
+            choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(whole.token_ids))
         return choice
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
-        return {"index": index, "text": chunk.text, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
+        return {"index": index, "text": chunk.text, "logprobs": self._logprobs(chunk)}
 
 
 @dataclass
@@ -174,23 +193,26 @@ class ChatShape(Shape):
     def _stream_extras(self, body: dict, index: int, first: bool) -> None:
         pass  # the prompt's IDs went out with the role
 
-    def _logprobs(self, ids: Sequence[int], logprobs: Sequence[float]) -> dict | None:
+    def _logprobs(self, piece: GenerationChunk) -> dict | None:
+        """OpenAI's chat logprobs: each token with its `top_logprobs` most likely alternatives, most likely first."""
         if not self.logprobs:
             return None
-        content = [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                   for t, lp in zip(self.token_texts(ids), logprobs, strict=False)]
+        content = [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                    "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in tops]}
+                   for t, lp, tops in zip(self.token_texts(piece.token_ids), piece.logprobs, self._tops(piece),
+                                          strict=False)]
         return {"content": content}
 
-    def _whole_choice(self, index: int, text: str, ids: Sequence[int], logprobs: Sequence[float]) -> dict:
-        choice = {"index": index, "message": {"role": self.role, "content": self.echo + text},
-                  "logprobs": self._logprobs(ids, logprobs)}
+    def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
+        choice = {"index": index, "message": {"role": self.role, "content": self.echo + whole.text},
+                  "logprobs": self._logprobs(whole)}
         if self.prompt_ids is not None:
-            choice["token_ids"] = list(ids)
+            choice["token_ids"] = list(whole.token_ids)
         return choice
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
         delta = {"content": chunk.text} if chunk.text else {}
-        return {"index": index, "delta": delta, "logprobs": self._logprobs(chunk.token_ids, chunk.logprobs)}
+        return {"index": index, "delta": delta, "logprobs": self._logprobs(chunk)}
 
 
 def _reason(chunk: GenerationChunk | None) -> str | None:

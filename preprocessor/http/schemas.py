@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from splice.sampling import INT32_MAX, INT_RANGES
+from splice.sampling import INT32_MAX, INT_RANGES, LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE
 
 
 def _in(low: int, high: int) -> Any:
@@ -27,7 +27,9 @@ MaxTokens = Annotated[int, _in(*INT_RANGES["max_tokens"])]
 Seed = Annotated[int, _in(*INT_RANGES["seed"])]
 TopK = Annotated[int, _in(-1, INT_RANGES["top_k"][1])]  # vLLM's -1 = off, as 0
 TokenId = Annotated[int, _in(0, INT32_MAX)]  # int32 on the wire; the engine's vocabulary bounds it further
-Count = Annotated[int, _in(0, INT32_MAX)]  # n, logprobs: their exact rules are convert.py's, with clearer messages
+Count = Annotated[int, _in(0, INT32_MAX)]  # n: its exact rule is convert.py's, with a clearer message
+TopLogprobs = Annotated[int, _in(*INT_RANGES["top_logprobs"])]
+MinTokens = Annotated[int, _in(*INT_RANGES["min_tokens"])]
 
 
 class _Body(BaseModel):
@@ -142,12 +144,23 @@ class GenerationFields(_Request):
     skip_special_tokens: bool = True
     stop_token_ids: list[TokenId] | None = None
     request_id: str | None = None
+    # penalties and masks (vLLM's; bounds as vllm/sampling_params.py). A null is the field's off value.
+    presence_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    min_tokens: MinTokens | None = None
+    # token ID (a JSON object's keys are strings: "50256") -> bias; IDs are checked against the engine's table
+    logit_bias: dict[TokenId, Annotated[float, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE)]] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
+    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
+    include_stop_str_in_output: bool | None = False
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
-    top_logprobs: Count | None = None
+    top_logprobs: TopLogprobs | None = None  # needs logprobs
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -165,7 +178,7 @@ class CompletionRequest(GenerationFields):
     # text, token IDs, or a one-element list of either (OpenAI's batch form, one prompt only)
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]] | None = None
     prompt_embeds: str | list[str] | None = None  # vLLM: base64 of torch.save(tensor); "safetensors:" + base64
-    logprobs: Count | None = None  # chosen-token logprob when >= 0; only the chosen token is reported
+    logprobs: TopLogprobs | None = None  # the chosen token's and this many most likely
     echo: bool = False
     suffix: str | None = None
     # vLLM's default: text prompts get the tokenizer's special tokens (BOS); token IDs and embeddings never do

@@ -21,7 +21,7 @@ def gens(n: int, seed: int | None = 0):
 
 def test_greedy_is_argmax_and_logprobs_are_the_raw_distribution():
     x = logits()
-    toks, lps = sample(x, [SamplingParams(temperature=0.0, logprobs=True)] * 3, gens(3))
+    toks, lps, _ = sample(x, [SamplingParams(temperature=0.0, logprobs=True)] * 3, gens(3))
     assert toks == x.argmax(-1).tolist()
     want = x.log_softmax(-1).max(-1).values.tolist()
     assert all(abs(a - b) < 1e-6 for a, b in zip(lps, want, strict=True))
@@ -76,5 +76,34 @@ def test_tiny_temperatures_never_produce_nan(temperature):
     # logits with a wide range: dividing by a tiny temperature without shifting would overflow to inf
     logits = torch.linspace(-30.0, 30.0, 50)[None].repeat(2, 1)
     params = [SamplingParams(temperature=temperature, seed=1), SamplingParams(temperature=0.0)]
-    tokens, _ = sample(logits, params, [make_generator(1, CPU), make_generator(2, CPU)])
+    tokens, _, _ = sample(logits, params, [make_generator(1, CPU), make_generator(2, CPU)])
     assert tokens == [int(logits[0].argmax()), int(logits[1].argmax())]
+
+
+def test_top_logprobs_are_each_rows_k_most_likely_of_the_raw_distribution():
+    x = logits(3, 50)
+    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.7, logprobs=True, top_logprobs=2)]
+    _, lps, tops = sample(x, params, gens(3))
+    want = x.log_softmax(-1).topk(5, dim=-1)
+    assert tops[1] is None and lps[1] is None
+    for row, k in ((0, 5), (2, 2)):
+        ids, values = tops[row]
+        assert list(ids) == want.indices[row, :k].tolist()
+        assert all(abs(a - b) < 1e-6 for a, b in zip(values, want.values[row, :k].tolist(), strict=True))
+    assert tops[0][0][0] == int(x[0].argmax())  # greedy: the chosen token leads the list
+
+
+def test_the_batched_draw_is_torch_multinomial_per_row():
+    """One argmax over p / Exp(1) for every row is what torch.multinomial draws from the row's generator: the same
+    tokens, step after step, with top-k and top-p rows among them."""
+    from engine.sampler import _filter
+
+    x = logits(12, 300, seed=4)
+    params = [SamplingParams(temperature=0.4 + 0.1 * k, seed=k, top_k=5 if k % 3 == 0 else 0,
+                             top_p=0.8 if k % 4 == 1 else 1.0) for k in range(12)]
+    batched, per_row = gens(12), gens(12)
+    for _ in range(20):
+        want = [int(torch.multinomial(_filter((x[r] - x[r].max()) / p.temperature, p).softmax(-1), 1,
+                                      generator=per_row[r])[0]) for r, p in enumerate(params)]
+        assert sample(x, params, batched)[0] == want

@@ -54,6 +54,15 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
         assert chat.returncode == 0, chat.stderr
         assert "finish_reason=" in chat.stderr and "completion_tokens=" in chat.stderr
 
+        controlled = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
+                                     "--max-tokens", "4", "--min-tokens", "4", "--repetition-penalty", "1.3",
+                                     "--min-p", "0.1", "--bad-word", "the", "--logit-bias", "5=-3"],
+                                    capture_output=True, text=True, timeout=120)
+        assert controlled.returncode == 0 and "completion_tokens=4" in controlled.stderr, controlled.stderr
+        out_of_range = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
+                                       "--presence-penalty", "3"], capture_output=True, text=True, timeout=120)
+        assert out_of_range.returncode == 1 and "presence_penalty" in out_of_range.stderr, out_of_range.stderr
+
         bad = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
                               "--image", str(embeds)], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr

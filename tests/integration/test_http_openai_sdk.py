@@ -154,9 +154,9 @@ def test_unsupported_values_and_unknown_model_are_clear(client):
     msgs = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model=MODEL, messages=msgs, n=2, max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="repetition_penalty is not supported"):
+    with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
         client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
-                                       extra_body={"repetition_penalty": 1.2})
+                                       extra_body={"use_beam_search": True})
     with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
         client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
                                        response_format={"type": "json_object"})

@@ -90,6 +90,20 @@ def test_no_stops_passes_through():
     assert _run([], ["a", "b"])[0] == ["a", "b"]
 
 
+def test_include_stop_str_in_output_ends_the_text_with_the_match():
+    m = StopMatcher(["STOP"], include=True)
+    assert m.push("Hello S") == "Hello " and m.push("TOP and more") == "STOP" and m.matched == "STOP"
+    assert m.push("later") == "" and m.flush() == ""
+
+
+def test_text_that_is_not_searchable_holds_no_whole_match_but_can_begin_one():
+    m = StopMatcher(["STOP"])  # the first pushes are min_tokens' text, as vLLM's detokenizer skips it
+    assert m.push("a STOP b", searchable=False) == "a STOP b" and m.matched is None
+    assert m.push("ST", searchable=False) == "" and m.push("OP!") == "" and m.matched == "STOP"
+    m = StopMatcher(["STOP"])
+    assert m.push("xSTOP", searchable=False) == "xSTOP" and m.push("y") == "y" and m.matched is None
+
+
 def _tokenizers(tiny, shared_dir):
     out = {name: files.tokenizer for name, (files, _) in tiny.items()}
     if shared_dir.is_dir():
