@@ -17,13 +17,13 @@ import threading
 from collections.abc import Callable
 
 from app.real_model import REAL_MODELS
-from app.tiny import DEFAULT_MODEL, TINY_MODELS
+from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from splice.errors import SpliceError
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-MODEL_HELP = (f"a built-in tiny model {sorted(TINY_MODELS)}, the built-in real model {REAL_DEFAULT}, a local HF "
+MODEL_HELP = (f"a built-in tiny model {sorted(TINY_NAMES)}, the built-in real model {REAL_DEFAULT}, a local HF "
               f"folder, or an HF id")
 
 
@@ -44,7 +44,7 @@ def _service_resolver(service: str) -> Callable[[str], str]:
 def _build_tiny(args: argparse.Namespace) -> int:
     from app.tiny import ensure
 
-    for name in args.names or sorted(TINY_MODELS):
+    for name in args.names or sorted(TINY_NAMES):
         print(f"{name}: {ensure(name, progress=_say)}")
     return 0
 
@@ -208,6 +208,7 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splice", description="Serve chat models with text, images and "
                                      "caller-supplied prompt embeddings.")
+    parser.add_argument("--version", action="version", version=f"splice {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from engine import cli as engine_cli
@@ -227,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="the preprocessor's (public API's) listen address "
                    "(0.0.0.0: all interfaces); the engine's is --engine-host")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
-    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address: by default only "
-                   "this host reaches it")
-    p.add_argument("--engine-port", type=int, default=50061)
+    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address (loopback: only this "
+                   "host reaches it)")
+    p.add_argument("--engine-port", type=int, default=50061, help="the engine's port")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
     p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
                    f"and HTTP (default: ${API_KEY_ENV})")
@@ -261,14 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
     p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")
     p.add_argument("--target", default="127.0.0.1:50051", help="preprocessor HOST:PORT")
-    p.add_argument("--system", default=None)
+    p.add_argument("--system", default=None, help="a system message sent first")
     p.add_argument("--image", action="append", metavar="PATH", help="image file (repeatable)")
     p.add_argument("--embeds", action="append", metavar="FILE.safetensors",
                    help="prompt embeddings [n, hidden], one tensor per file (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable sampled answer")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
     p.add_argument("--tls-cert", default=None, help="client certificate for a server that requires one (mTLS)")
@@ -277,19 +278,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("build-tiny", help="build (and train, for the default) the tiny built-in models into the cache")
-    p.add_argument("names", nargs="*")
+    p.add_argument("names", nargs="*", help="which to build (default: all)")
     p.set_defaults(func=_build_tiny)
 
     p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}, then "
                        f"a question to the real model {REAL_DEFAULT}")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=24, help="tokens each answer generates at most")
     p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "
                    "prompt embeddings ('' skips it)")
     p.set_defaults(func=_demo)
-    for command in sub.choices.values():  # every --help shows the defaults
-        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    for command in sub.choices.values():
+        state_defaults(command)
     return parser
+
+
+def state_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's --help states its default once: appended where a value is the default and the help does
+    not already say it (in words, e.g. "default: $SPLICE_API_KEY", or as %(default)s); an option whose default is
+    "not given" (None, False, empty) says nothing rather than "(default: None)"."""
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
+        if unset or "default" in (action.help or ""):
+            continue
+        action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("splice")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
