@@ -12,9 +12,13 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+import grpc
 
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
@@ -152,22 +156,21 @@ def _secured(args: argparse.Namespace) -> str:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from safetensors.torch import load_file
-
     from clients import SpliceClient, SpliceClientError
 
     content: list = []
-    for path in args.embeds or []:
+    for path in args.embeds or []:  # local files first, before any connection: one line each, exit 2
+        part = _embeds_part(path)
+        if isinstance(part, str):
+            _say(part)
+            return 2
+        content.append(part)
+    for path in args.image or []:
         try:
-            tensors = load_file(path)
-        except Exception as exc:  # missing, unreadable, not safetensors: one line, not a traceback
-            _say(f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})")
+            content.append({"type": "image", "image": Path(path).read_bytes()})
+        except OSError as exc:
+            _say(f"{path}: cannot read image ({exc.strerror or exc})")
             return 2
-        if len(tensors) != 1:
-            _say(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
-            return 2
-        content.append({"type": "prompt_embeds", "prompt_embeds": next(iter(tensors.values()))})
-    content += [{"type": "image", "image": p} for p in args.image or []]
     content.append({"type": "text", "text": args.prompt})
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
@@ -185,12 +188,49 @@ def _chat(args: argparse.Namespace) -> int:
                 print(chunk.text, end="", flush=True)
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
             print()
-    except (SpliceClientError, ValueError) as err:
+    except SpliceClientError as err:
+        if err.code == grpc.StatusCode.UNAVAILABLE and not _listening(args.target):
+            _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")
+            return 2
+        _say(f"error: {err}")
+        return 1
+    except ValueError as err:
         _say(f"error: {err}")
         return 1
     if usage:
         _say(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}")
     return 0
+
+
+def _embeds_part(path: str) -> dict | str:
+    """--embeds FILE as a content part, or the one line saying why not (the same form as an unreadable image)."""
+    from safetensors.torch import load_file
+
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"{path}: cannot read prompt embeddings ({exc.strerror or exc})"
+    try:
+        tensors = load_file(path)
+    except Exception as exc:  # unreadable, not safetensors: one line, not a traceback
+        return f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})"
+    if len(tensors) != 1:
+        return f"{path}: expected exactly one tensor, found {sorted(tensors)}"
+    return {"type": "prompt_embeds", "prompt_embeds": next(iter(tensors.values()))}
+
+
+def _listening(target: str) -> bool:
+    """Whether anything accepts TCP connections at a HOST:PORT target (True where the target is not one: a
+    dns:/// or unix: target's failure is reported as the server's)."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return True
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _demo(args: argparse.Namespace) -> int:
