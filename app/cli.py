@@ -23,6 +23,7 @@ import grpc
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from splice.errors import SpliceError
+from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
@@ -62,6 +63,11 @@ def _up(args: argparse.Namespace) -> int:
         engine_args, preprocessor_args = _security_args(args)
     except ValueError as exc:
         _say(f"splice up: {exc}")
+        return 2
+    busy = first_unbindable([Listen("--port", args.host, args.port), Listen("--engine-port", args.engine_host,
+                             args.engine_port), Listen("--http-port", args.host, args.http_port)])
+    if busy:  # now, not after the engine loaded the model
+        _say(f"splice up: {busy}")
         return 2
     try:  # build or download once here, with progress, before two processes load it (from the cache then)
         resolve_model(args.model, progress=_say)

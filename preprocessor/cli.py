@@ -14,6 +14,7 @@ from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from splice.drain import DEFAULT_GRACE
+from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
 from splice.service_main import Resolve, run_service
 
@@ -183,5 +184,11 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
         security_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
+        return 2
+    busy = first_unbindable([Listen("--port", args.host, args.port),
+                             Listen("--http-port", args.host, args.http_port or 0),
+                             Listen("--metrics-port", args.host, args.metrics_port or 0)])
+    if busy:  # before the model loads
+        print(f"splice preprocessor: {busy}", file=sys.stderr)
         return 2
     return run_service("preprocessor", serve(args, resolve), args.log_level)

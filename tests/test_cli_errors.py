@@ -37,3 +37,26 @@ def test_missing_image_and_missing_embeds_are_the_same_error(closed_port, tmp_pa
     assert image.stderr == f"{tmp_path / 'pic.png'}: cannot read image (No such file or directory)\n"
     missing = tmp_path / "soft.safetensors"
     assert embeds.stderr == f"{missing}: cannot read prompt embeddings (No such file or directory)\n"
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command, flag", [("up", "--port"), ("up", "--engine-port"), ("up", "--http-port"),
+                                           ("engine", "--port"), ("engine", "--metrics-port"),
+                                           ("preprocessor", "--port"), ("preprocessor", "--http-port")])
+def test_a_busy_port_names_its_flag_before_the_model_is_touched(busy_port, command, flag):
+    # a model that cannot be had: its error would come first if the ports were checked after it
+    ports = {"up": ["--port", "0", "--engine-port", "0", "--http-port", "0"], "engine": ["--port", "0"],
+             "preprocessor": ["--port", "0"]}[command]
+    argv = [*ports, flag, str(busy_port)] + ([] if command == "preprocessor" else ["--model", "/nonexistent/model"])
+    out = subprocess.run([sys.executable, "-m", "app.cli", command, *argv], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (f"splice {command}: port {busy_port} on 127.0.0.1 is in use: pass {flag} to choose "
+                          f"another (0: a free one)\n")
