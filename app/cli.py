@@ -361,9 +361,37 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _quiet_libraries() -> None:
+    """For the commands that build or load a model in this process (up, demo, build-tiny): the training's own
+    progress lines (logger splice.tiny) shown, transformers' bars ("Writing model shards", "Loading weights")
+    and notices not; huggingface_hub's download bars stay, a real download's only progress."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    tiny = logging.getLogger("splice.tiny")
+    tiny.addHandler(handler)
+    tiny.setLevel(logging.INFO)
+    tiny.propagate = False
+    if "TRANSFORMERS_VERBOSITY" in os.environ:  # the user asked for transformers' output
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hub_bars = not are_progress_bars_disabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # this turns huggingface_hub's off too
+    if hub_bars:
+        enable_progress_bars()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    if args.command in ("up", "demo", "build-tiny"):
+        _quiet_libraries()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C while a model builds, trains or downloads: a half-built one is discarded
+        _say(f"splice {args.command}: interrupted")
+        return 130
 
 
 if __name__ == "__main__":
