@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, se
 from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +164,10 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     port = await server.start()
+    http = f", HTTP on {args.host}:{server.http_port}" if server.http_port is not None else ""
+    # at once: the ready lines wait for the engine, which may take minutes to load or not be started yet
+    log.info("listening on %s:%d (gRPC)%s; NOT_SERVING until the engine at %s answers", args.host, port, http,
+             args.engine)
     try:
         ready = asyncio.create_task(server.ready.wait())
         stopped = asyncio.create_task(stop.wait())
