@@ -14,5 +14,6 @@ COPY preprocessor ./preprocessor
 COPY clients ./clients
 COPY app ./app
 RUN pip install --no-cache-dir .
-EXPOSE 50051 50061
+# gRPC public API, OpenAI-compatible HTTP API (`splice up`'s --http-port), engine
+EXPOSE 50051 8000 50061
 CMD ["splice", "up", "--host", "0.0.0.0"]

@@ -12,18 +12,23 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+import grpc
 
 from app.real_model import REAL_MODELS
-from app.tiny import DEFAULT_MODEL, TINY_MODELS
+from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from splice.errors import SpliceError
+from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
 REAL_DEFAULT = next(iter(REAL_MODELS))
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-MODEL_HELP = (f"a built-in tiny model {sorted(TINY_MODELS)}, the built-in real model {REAL_DEFAULT}, a local HF "
+MODEL_HELP = (f"a built-in tiny model {sorted(TINY_NAMES)}, the built-in real model {REAL_DEFAULT}, a local HF "
               f"folder, or an HF id")
 
 
@@ -44,7 +49,7 @@ def _service_resolver(service: str) -> Callable[[str], str]:
 def _build_tiny(args: argparse.Namespace) -> int:
     from app.tiny import ensure
 
-    for name in args.names or sorted(TINY_MODELS):
+    for name in args.names or sorted(TINY_NAMES):
         print(f"{name}: {ensure(name, progress=_say)}")
     return 0
 
@@ -58,6 +63,11 @@ def _up(args: argparse.Namespace) -> int:
         engine_args, preprocessor_args = _security_args(args)
     except ValueError as exc:
         _say(f"splice up: {exc}")
+        return 2
+    busy = first_unbindable([Listen("--port", args.host, args.port), Listen("--engine-port", args.engine_host,
+                             args.engine_port), Listen("--http-port", args.host, args.http_port)])
+    if busy:  # now, not after the engine loaded the model
+        _say(f"splice up: {busy}")
         return 2
     try:  # build or download once here, with progress, before two processes load it (from the cache then)
         resolve_model(args.model, progress=_say)
@@ -179,22 +189,21 @@ def chat_sampling(args: argparse.Namespace) -> dict:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from safetensors.torch import load_file
-
     from clients import SpliceClient, SpliceClientError
 
     content: list = []
-    for path in args.embeds or []:
+    for path in args.embeds or []:  # local files first, before any connection: one line each, exit 2
+        part = _embeds_part(path)
+        if isinstance(part, str):
+            _say(part)
+            return 2
+        content.append(part)
+    for path in args.image or []:
         try:
-            tensors = load_file(path)
-        except Exception as exc:  # missing, unreadable, not safetensors: one line, not a traceback
-            _say(f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})")
+            content.append({"type": "image", "image": Path(path).read_bytes()})
+        except OSError as exc:
+            _say(f"{path}: cannot read image ({exc.strerror or exc})")
             return 2
-        if len(tensors) != 1:
-            _say(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
-            return 2
-        content.append({"type": "prompt_embeds", "prompt_embeds": next(iter(tensors.values()))})
-    content += [{"type": "image", "image": p} for p in args.image or []]
     content.append({"type": "text", "text": args.prompt})
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
@@ -210,12 +219,49 @@ def _chat(args: argparse.Namespace) -> int:
                 print(chunk.text, end="", flush=True)
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
             print()
-    except (SpliceClientError, ValueError) as err:
+    except SpliceClientError as err:
+        if err.code == grpc.StatusCode.UNAVAILABLE and not _listening(args.target):
+            _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")
+            return 2
+        _say(f"error: {err}")
+        return 1
+    except ValueError as err:
         _say(f"error: {err}")
         return 1
     if usage:
         _say(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}")
     return 0
+
+
+def _embeds_part(path: str) -> dict | str:
+    """--embeds FILE as a content part, or the one line saying why not (the same form as an unreadable image)."""
+    from safetensors.torch import load_file
+
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"{path}: cannot read prompt embeddings ({exc.strerror or exc})"
+    try:
+        tensors = load_file(path)
+    except Exception as exc:  # unreadable, not safetensors: one line, not a traceback
+        return f"{path}: cannot load prompt embeddings ({type(exc).__name__}: {exc})"
+    if len(tensors) != 1:
+        return f"{path}: expected exactly one tensor, found {sorted(tensors)}"
+    return {"type": "prompt_embeds", "prompt_embeds": next(iter(tensors.values()))}
+
+
+def _listening(target: str) -> bool:
+    """Whether anything accepts TCP connections at a HOST:PORT target (True where the target is not one: a
+    dns:/// or unix: target's failure is reported as the server's)."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return True
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -233,6 +279,7 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splice", description="Serve chat models with text, images and "
                                      "caller-supplied prompt embeddings.")
+    parser.add_argument("--version", action="version", version=f"splice {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from engine import cli as engine_cli
@@ -252,9 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="the preprocessor's (public API's) listen address "
                    "(0.0.0.0: all interfaces); the engine's is --engine-host")
     p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
-    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address: by default only "
-                   "this host reaches it")
-    p.add_argument("--engine-port", type=int, default=50061)
+    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address (loopback: only this "
+                   "host reaches it)")
+    p.add_argument("--engine-port", type=int, default=50061, help="the engine's port")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
     p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
                    f"and HTTP (default: ${API_KEY_ENV})")
@@ -286,15 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
     p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")
     p.add_argument("--target", default="127.0.0.1:50051", help="preprocessor HOST:PORT")
-    p.add_argument("--system", default=None)
+    p.add_argument("--system", default=None, help="a system message sent first")
     p.add_argument("--image", action="append", metavar="PATH", help="image file (repeatable)")
     p.add_argument("--embeds", action="append", metavar="FILE.safetensors",
                    help="prompt embeddings [n, hidden], one tensor per file (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable sampled answer")
+    p.add_argument("--top-p", type=float, default=None, help="(0, 1]; nucleus sampling")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--presence-penalty", type=float, default=None, help="[-2, 2]; per token generated so far")
     p.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2]; per time a token was generated")
     p.add_argument("--repetition-penalty", type=float, default=None, help="> 0; over prompt and answer tokens")
@@ -305,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad-word", action="append", metavar="WORD", help="a word never generated (repeatable)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--include-stop-str", action="store_true", help="keep the matched stop string in the answer")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
     p.add_argument("--tls-cert", default=None, help="client certificate for a server that requires one (mTLS)")
@@ -314,24 +361,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("build-tiny", help="build (and train, for the default) the tiny built-in models into the cache")
-    p.add_argument("names", nargs="*")
+    p.add_argument("names", nargs="*", help="which to build (default: all)")
     p.set_defaults(func=_build_tiny)
 
     p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}, then "
                        f"a question to the real model {REAL_DEFAULT}")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=24, help="tokens each answer generates at most")
     p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "
                    "prompt embeddings ('' skips it)")
     p.set_defaults(func=_demo)
-    for command in sub.choices.values():  # every --help shows the defaults
-        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    for command in sub.choices.values():
+        state_defaults(command)
     return parser
+
+
+def state_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's --help states its default once: appended where a value is the default and the help does
+    not already say it (in words, e.g. "default: $SPLICE_API_KEY", or as %(default)s); an option whose default is
+    "not given" (None, False, empty) says nothing rather than "(default: None)"."""
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
+        if unset or "default" in (action.help or ""):
+            continue
+        action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("splice")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _quiet_libraries() -> None:
+    """For the commands that build or load a model in this process (up, demo, build-tiny): the training's own
+    progress lines (logger splice.tiny) shown, transformers' bars ("Writing model shards", "Loading weights")
+    and notices not; huggingface_hub's download bars stay, a real download's only progress."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    tiny = logging.getLogger("splice.tiny")
+    tiny.addHandler(handler)
+    tiny.setLevel(logging.INFO)
+    tiny.propagate = False
+    if "TRANSFORMERS_VERBOSITY" in os.environ:  # the user asked for transformers' output
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hub_bars = not are_progress_bars_disabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # this turns huggingface_hub's off too
+    if hub_bars:
+        enable_progress_bars()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    if args.command in ("up", "demo", "build-tiny"):
+        _quiet_libraries()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C while a model builds, trains or downloads: a half-built one is discarded
+        _say(f"splice {args.command}: interrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -73,6 +73,9 @@ class Service:
             self.proc.wait()
 
 
+QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
 def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300.0,
           echo: Callable[[str], None] | None = None) -> Service:
     """Runs `python -m app.cli NAME ARGS...` and returns once it printed its ready line."""
@@ -133,12 +136,15 @@ def start_stack(model: str, *, host: str = "127.0.0.1", engine_host: str = "127.
     Each ready line is printed once the service's health is SERVING (the engine loaded and warm, the
     preprocessor having reached the engine), so there is nothing left to poll, and nothing that would need
     the services' TLS credentials: `splice up` holds no client certificate for a public face under mTLS."""
+    # The model is resolved (built, downloaded) before the stack starts: the services only load it, and the
+    # libraries' bars and notices while they do ("Loading weights") would be noise among the relayed lines.
+    quiet = {k: v for k, v in QUIET_LIBRARIES.items() if k not in os.environ}
     engine = start("engine", ["--model", model, "--host", engine_host, "--port", str(engine_port), *engine_args],
-                   echo=echo)
+                   env=quiet, echo=echo)
     try:
         http = ["--http-port", str(http_port)] if http_port is not None else []
         pre = start("preprocessor", ["--engine", engine.address, "--host", host, "--port", str(preprocessor_port),
-                                     *http, *preprocessor_args], echo=echo)
+                                     *http, *preprocessor_args], env=quiet, echo=echo)
     except BaseException:
         engine.stop()
         raise

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
+from splice.ports import Listen, first_unbindable
 from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import Resolve, run_service
 
@@ -119,5 +120,10 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
         config_from_args(args, args.model or "")  # flags out of range: one line now, not a traceback after loading
     except ValueError as exc:
         print(f"splice engine: {exc}", file=sys.stderr)
+        return 2
+    busy = first_unbindable([Listen("--port", args.host, args.port),
+                             Listen("--metrics-port", args.host, args.metrics_port or 0)])
+    if busy:  # before the model loads
+        print(f"splice engine: {busy}", file=sys.stderr)
         return 2
     return run_service("engine", _serve(args, resolve), args.log_level)

@@ -92,3 +92,4 @@ class EngineServer:
         await self.server.stop(0)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
+        log.info("drained and stopped%s", f" ({left} calls cancelled)" if left else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -14,10 +15,12 @@ from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from splice.drain import DEFAULT_GRACE
+from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
 from splice.service_main import Resolve, run_service
 
 DEFAULTS = Limits()
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +166,10 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     port = await server.start()
+    http = f", HTTP on {args.host}:{server.http_port}" if server.http_port is not None else ""
+    # at once: the ready lines wait for the engine, which may take minutes to load or not be started yet
+    log.info("listening on %s:%d (gRPC)%s; NOT_SERVING until the engine at %s answers", args.host, port, http,
+             args.engine)
     try:
         ready = asyncio.create_task(server.ready.wait())
         stopped = asyncio.create_task(stop.wait())
@@ -185,5 +192,11 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
         security_from_args(args)
     except ValueError as exc:
         print(f"splice preprocessor: {exc}", file=sys.stderr)
+        return 2
+    busy = first_unbindable([Listen("--port", args.host, args.port),
+                             Listen("--http-port", args.host, args.http_port or 0),
+                             Listen("--metrics-port", args.host, args.metrics_port or 0)])
+    if busy:  # before the model loads
+        print(f"splice preprocessor: {busy}", file=sys.stderr)
         return 2
     return run_service("preprocessor", serve(args, resolve), args.log_level)

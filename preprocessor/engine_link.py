@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from preprocessor.core import PreprocessorCore
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 OnServing = Callable[[bool], Awaitable[None]]
 SWITCH_POLLS = 3
+WAITING_EVERY = 30.0  # seconds between "waiting for the engine" lines (every poll logs at DEBUG)
 
 
 class EngineLink:
@@ -40,7 +42,8 @@ class EngineLink:
 
     def __init__(self, *, target: str | None = None, core: PreprocessorCore | None = None, model: str | None = None,
                  limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None,
-                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None) -> None:
+                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if (target is None) == (core is None):
             raise ValueError("pass exactly one of target= or core=")
         self._core = core
@@ -56,6 +59,8 @@ class EngineLink:
         self._watcher: asyncio.Task | None = None
         self._on_serving: OnServing | None = None
         self.serving = False
+        self._clock = clock
+        self._waiting_said: float | None = None  # when "waiting for the engine" was last logged
         self.ready = asyncio.Event()  # set once a core can serve (the first time)
         self._other: tuple[ModelInfo, int] | None = None  # another model seen, and in how many polls in a row
 
@@ -110,11 +115,16 @@ class EngineLink:
                     await self._set_serving(True)
             except Exception as exc:  # the watcher must outlive any failure, or the link never recovers
                 message = exc.message if isinstance(exc, SpliceError) else f"{type(exc).__name__}: {exc}"
+                log.debug("engine poll: %s", message)
                 if self.serving:
                     log.warning("engine lost: %s", message)
                     await self._set_serving(False)
-                else:
-                    log.info("waiting for the engine: %s", message)
+                    self._waiting_said = self._clock()
+                elif self._waiting_said is None or self._clock() - self._waiting_said >= WAITING_EVERY:
+                    log.info("waiting for the engine: %s", message)  # once, then every WAITING_EVERY seconds
+                    self._waiting_said = self._clock()
+            else:
+                self._waiting_said = None
             await asyncio.sleep(self._poll)
 
     def _switch_to(self, info: ModelInfo) -> bool:

@@ -113,3 +113,4 @@ class PreprocessorServer:
         if self._server is not None:
             await self._server.stop(0)
         await self.link.stop()  # after the drain: running streams still need the engine channel
+        log.info("drained and stopped%s", f" ({left} calls cancelled)" if left else "")

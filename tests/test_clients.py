@@ -105,6 +105,6 @@ def test_splice_chat_with_a_missing_or_corrupt_file_prints_one_line(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0], err
     image = tmp_path / "missing.png"
-    assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--image", str(image)]) == 1
+    assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--image", str(image)]) == 2  # as a missing --embeds file
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.png" in err[0], err

@@ -30,13 +30,13 @@ from app.tiny.families import (
     qwen3_5,
     text,
 )
+from app.tiny.names import DEFAULT_MODEL, TINY_NAMES  # noqa: F401  (DEFAULT_MODEL: re-exported)
 from app.tiny.tokenizer import EOS, PAD
 
 # Bump whenever anything that ends up in a checkpoint changes: the cache folder name carries it, so a
 # new version is built beside the old one instead of reusing stale files.
 BUILDER_VERSION = 2  # 2: written by transformers 5
 DEFAULT_SEED = 0
-DEFAULT_MODEL = "tiny-idefics3-colors"
 MARKER = "splice_tiny.json"
 
 
@@ -75,6 +75,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-nemotron-omni", "nemotron_h_omni", nemotron_h.build_nemotron_omni),
     )
 }
+assert tuple(TINY_MODELS) == TINY_NAMES, "app/tiny/names.py lists the built-in models for --help: keep it in step"
 
 
 def ensure(name: str, seed: int = DEFAULT_SEED, progress: Callable[[str], None] | None = None) -> Path:

@@ -37,6 +37,7 @@ class TrainConfig:
 
 TRAIN = TrainConfig()
 INFO = "splice_training.json"  # what was trained and its final loss (no timings: the files are deterministic)
+PROGRESS_EVERY = 50  # steps between progress lines
 log = logging.getLogger("splice.tiny")
 
 
@@ -78,7 +79,8 @@ def _train(out: Path, seed: int, config: TrainConfig) -> dict:
                                               * max(0.0, 1 - s / config.steps) ** 0.5)
     model.train()
     losses = []
-    for _ in range(config.steps):
+    log.info("training on the colour task: %d steps", config.steps)
+    for step in range(1, config.steps + 1):
         batch = [_sample(rng, pool, tok, placeholder, end_id) for _ in range(config.batch)]
         loss = _loss(model, batch, image_id, tok.pad_token_id)
         opt.zero_grad(set_to_none=True)
@@ -87,6 +89,9 @@ def _train(out: Path, seed: int, config: TrainConfig) -> dict:
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if step % PROGRESS_EVERY == 0 and step < config.steps:  # a few seconds' worth on CPU
+            recent = losses[-PROGRESS_EVERY:]
+            log.info("training: step %d/%d, loss %.3f", step, config.steps, sum(recent) / len(recent))
     model.eval()
     model.save_pretrained(out)
     summary = {"task": "colors", "seed": seed, "config": asdict(config),

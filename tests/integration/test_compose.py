@@ -3,6 +3,7 @@ serve and talk to each other (no Docker engine runs here)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -10,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
 
+from app.cli import build_parser
 from app.launch import start
 from app.scrape import metrics_address, scrape, total
 from clients import SpliceClient
@@ -84,6 +87,24 @@ def test_compose_needs_an_engine_key_and_gives_it_to_both_services(monkeypatch):
         assert not any("api-key" in arg for arg in services[name]["command"])  # not in argv: `ps` shows it
 
 
+def test_compose_publishes_what_its_commands_serve():
+    """Each preprocessor serves gRPC and the HTTP API on the ports `splice up` and deploy/kubernetes use, and
+    publishes them; the image exposes them."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    exposed = {int(p) for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("EXPOSE")
+               for p in line.split()[1:]}
+    up = build_parser().parse_args(["up"])
+    for name in ("preprocessor", "preprocessor-gpu"):
+        args = build_parser().parse_args([_expand(a) for a in services[name]["command"][1:]])
+        assert (args.port, args.http_port) == (up.port, up.http_port), name
+        published = {tuple(int(p) for p in str(port).split("#")[0].strip().split(":")) for port in
+                     services[name]["ports"]}
+        assert {(args.port, args.port), (args.http_port, args.http_port)} <= published, name
+        assert {args.port, args.http_port} <= exposed
+    for name in ("engine", "engine-gpu"):
+        assert build_parser().parse_args([_expand(a) for a in services[name]["command"][1:]]).port in exposed
+
+
 def test_compose_services_serve_and_talk(tiny_dirs, tmp_path, monkeypatch):
     """Every engine replica and the preprocessor, as compose starts them; the preprocessor's calls reach both,
     and the engine refuses any other caller without the key."""
@@ -102,7 +123,8 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path, monkeypatch):
         metrics: dict[str, list[str]] = {}
         for name, count in (("engine", replicas), ("preprocessor", 1)):
             for _ in range(count):  # each replica is a container of its own: its own ports here
-                ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port()}
+                ports = {"50061": _free_port(), "50051": _free_port(), "9400": _free_port(), "9401": _free_port(),
+                         "8000": _free_port()}
                 argv = _localize(services[name]["command"], ports, hosts)
                 assert argv[0] == "splice" and argv[1] == name
                 env = {k: _expand(str(v)) for k, v in services[name]["environment"].items()}
@@ -118,6 +140,14 @@ def test_compose_services_serve_and_talk(tiny_dirs, tmp_path, monkeypatch):
             for _ in range(2 * replicas):
                 chunks = list(client.chat([{"role": "user", "content": "Hello"}], temperature=0.0, max_tokens=3))
                 assert chunks[-1].finish_reason in ("stop", "length")
+        http = started[-1].http_address  # the OpenAI-compatible API, as a user of `docker compose up` calls it
+        assert http, "the compose preprocessor serves no HTTP API"
+        body = json.dumps({"model": _expand("${SPLICE_MODEL:-tiny-idefics3-colors}"), "max_tokens": 3,
+                           "messages": [{"role": "user", "content": "Hello"}]}).encode()
+        request = urllib.request.Request(f"http://{http}/v1/chat/completions", data=body,
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert json.load(resp)["choices"][0]["finish_reason"] in ("stop", "length")
         for address in hosts["engine"]:  # another container on the network, without the key
             with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
                 engine_pb2_grpc.EngineStub(channel).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)

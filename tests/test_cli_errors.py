@@ -1,0 +1,62 @@
+"""`splice chat`'s first mistakes as one line each, a non-zero exit and no traceback: no server, a missing
+image, a missing embeddings file."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def _chat(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port bound but not listening: connections to it are refused for as long as it is held."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_chat_without_a_server_says_to_start_one(closed_port):
+    out = _chat("--target", f"127.0.0.1:{closed_port}")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (f"no Splice server at 127.0.0.1:{closed_port}: start one with 'splice up' "
+                                  f"(or pass --target)")
+
+
+def test_missing_image_and_missing_embeds_are_the_same_error(closed_port, tmp_path):
+    image = _chat("--target", f"127.0.0.1:{closed_port}", "--image", str(tmp_path / "pic.png"))
+    embeds = _chat("--target", f"127.0.0.1:{closed_port}", "--embeds", str(tmp_path / "soft.safetensors"))
+    assert image.returncode == embeds.returncode == 2, (image.stderr, embeds.stderr)
+    assert image.stderr == f"{tmp_path / 'pic.png'}: cannot read image (No such file or directory)\n"
+    missing = tmp_path / "soft.safetensors"
+    assert embeds.stderr == f"{missing}: cannot read prompt embeddings (No such file or directory)\n"
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command, flag", [("up", "--port"), ("up", "--engine-port"), ("up", "--http-port"),
+                                           ("engine", "--port"), ("engine", "--metrics-port"),
+                                           ("preprocessor", "--port"), ("preprocessor", "--http-port")])
+def test_a_busy_port_names_its_flag_before_the_model_is_touched(busy_port, command, flag):
+    # a model that cannot be had: its error would come first if the ports were checked after it
+    ports = {"up": ["--port", "0", "--engine-port", "0", "--http-port", "0"], "engine": ["--port", "0"],
+             "preprocessor": ["--port", "0"]}[command]
+    argv = [*ports, flag, str(busy_port)] + ([] if command == "preprocessor" else ["--model", "/nonexistent/model"])
+    out = subprocess.run([sys.executable, "-m", "app.cli", command, *argv], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (f"splice {command}: port {busy_port} on 127.0.0.1 is in use: pass {flag} to choose "
+                          f"another (0: a free one)\n")
