@@ -1,10 +1,11 @@
 """The preprocessor's memory is bounded by what admission lets requests hold, whatever they send: 8 concurrent
 requests at a time, each crafted to make the most memory from the fewest bytes (issue 27: a torch.save whose
 compressed storage declares 1 GiB, a 16,000,000 x 1 PNG, 16 images of 4096 x 4096, and what the caps still let
-through: a request's images at --max-request-image-pixels), over both faces, keep the real preprocessor
-process's peak RSS growth over idle within 8 x the request byte cap + 300 MB. The cap: each of the 8 requests
-may hold REQUEST_CAP bytes, i.e. --max-inflight-request-bytes = 8 x REQUEST_CAP (the default 1 GiB); what
-decoding holds is charged to it before it is allocated, so the bound holds in every interleaving.
+through: a request's images at --max-request-image-pixels; an HTTP body of the request cap sent chunked), over
+both faces, keep the real preprocessor process's peak RSS growth over idle within 8 x the request byte cap + 300 MB.
+The cap: each of the 8 requests may hold REQUEST_CAP bytes, i.e. --max-inflight-request-bytes = 8 x REQUEST_CAP
+(the default 1 GiB); what decoding or parsing holds is charged to it before it is allocated, so the bound holds in
+every interleaving.
 
 Peak RSS is the kernel's high-water mark (VmHWM), reset before each phase of 8 once the service is warm
 (clear_refs)."""
@@ -81,6 +82,25 @@ class Client:
         resp = await self.http.post("/tokenize", json={"messages": [{"role": "user", "content": content}]})
         return str(resp.status_code)
 
+    async def chunked(self, face: str, size: int) -> str:
+        """A chat body of `size` bytes sent chunked, with no Content-Length (HTTP only: a gRPC message declares its
+        length): one long text, which JSON parsing turns into a str of its own."""
+        head, tail = b'{"messages": [{"role": "user", "content": "', b'"}], "max_tokens": 1}'
+        piece = b"a" * MiB
+
+        async def body():
+            yield head
+            for _ in range((size - len(head) - len(tail)) // MiB):
+                yield piece
+            yield tail
+
+        try:
+            resp = await self.http.post("/v1/chat/completions", content=body(),
+                                        headers={"content-type": "application/json"})
+        except (httpx.RemoteProtocolError, httpx.ReadError):  # answered and closed before the body went out
+            return "closed"
+        return str(resp.status_code)
+
     @staticmethod
     async def _grpc(call) -> str:
         try:
@@ -112,7 +132,11 @@ async def test_peak_rss_stays_within_what_admission_lets_requests_hold(bounded_s
               ("row 5: 16 x a 16,000,000 x 1 PNG", client.images, [long] * 16, refused),
               ("row 5: 16 x 4096 x 4096", client.images, [big] * 16, refused),
               ("4 x 4096 x 4096", client.images, [big] * 4, admitted),
-              ("1 x 4096 x 4096", client.images, [big], admitted)]
+              ("1 x 4096 x 4096", client.images, [big], admitted),
+              # Each body as large as its share of the cap: counted as it arrives; refused (429 once the others hold
+              # the cap, 413 past it, 400 as a prompt far too long once parsed), never parsed 8 at once.
+              ("row 3: a chunked body of the request cap", client.chunked, REQUEST_CAP,
+               {"400", "413", "429", "closed"})]
     growth = {}
     try:
         # Warm: each decoder's first use (imports, the processor) before the first mark.

@@ -8,6 +8,7 @@ import asyncio
 import json
 
 from preprocessor.admission import Admission
+from preprocessor.http.admission import PARSE_FACTOR
 from preprocessor.http.options import HttpOptions
 from tests.preprocessor.http_face import http_face
 
@@ -48,20 +49,22 @@ async def _until(predicate) -> None:
 async def test_chunked_bodies_are_counted_as_they_arrive_and_refused_past_the_cap(tiny_dirs, tiny):
     admission = Admission(max_concurrent=8, max_bytes=CAP)
     async with http_face(tiny_dirs, tiny, admission=admission) as face:
-        # Half the cap sent, the body not ended: the request holds those bytes already.
+        # Half the body limit sent, the body not ended: the request holds its charge already (PARSE_FACTOR x the
+        # bytes: what reading and parsing them holds).
+        limit = CAP // PARSE_FACTOR
         reader, writer = await _post_chunked(face, "/v1/chat/completions")
-        await _send(writer, CAP // 2)
-        await _until(lambda: admission.held >= CAP // 2)
+        await _send(writer, limit // 2)
+        await _until(lambda: admission.held >= limit // 2 * PARSE_FACTOR)
 
         # A second chunked body does not fit beside it: 429, the connection closed, nothing held for it.
         reader2, writer2 = await _post_chunked(face, "/tokenize")
-        await _send(writer2, CAP // 2 + PIECE)
+        await _send(writer2, limit // 2 + PIECE)
         status, text = await _answer(reader2)
         assert status == 429 and b"--max-inflight-request-bytes" in text, text
         writer2.close()
 
-        # The first passes the cap: 413 at that chunk, long before its end (it never ends), the connection closed.
-        await _send(writer, CAP // 2 + 1)
+        # The first passes the limit: 413 at that chunk, long before its end (it never ends), the connection closed.
+        await _send(writer, limit - limit // 2 + 1)
         status, text = await _answer(reader)
         assert status == 413 and b"RESOURCE_EXHAUSTED" in text and f"{CAP} bytes".encode() in text, text
         writer.close()

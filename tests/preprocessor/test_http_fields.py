@@ -128,13 +128,20 @@ def test_every_integer_field_of_every_request_schema_is_bounded():
 def test_sampling_params_refuse_what_protobuf_cannot_hold():
     """The gRPC face's values arrive within their protobuf types; the HTTP face's arrive as any JSON integer. Both
     meet the same ranges here, so to_pb never overflows ("Value out of range" was a 500)."""
+    def fields(name: str, value: int) -> dict:
+        if name in ("stop_token_ids", "allowed_token_ids"):
+            return {name: (value,)}
+        if name == "logit_bias":
+            return {name: ((value, 1.0),)}
+        return {name: value, "logprobs": True} if name == "top_logprobs" else {name: value}
+
     for name, (low, high) in INT_RANGES.items():
-        at = {name: (high,) if name == "stop_token_ids" else high}
+        at = fields(name, high)
         assert SamplingParams.from_pb(SamplingParams(**at).to_pb()) == SamplingParams(**at)
         for bad in (low - 1, high + 1, HUGE):
-            with pytest.raises(InvalidArgument, match=rf"^sampling\.{name}(\[0\])? must be in \[{low}, {high}\], "
-                                                      rf"got {bad}$"):
-                SamplingParams(**{name: (bad,) if name == "stop_token_ids" else bad})
+            with pytest.raises(InvalidArgument, match=rf"^sampling\.{name}(\[0\]|: token ID -?\d+)? must be in "
+                                                      rf"\[{low}, {high}\], got {bad}$"):
+                SamplingParams(**fields(name, bad))
 
 
 async def test_huge_integers_are_400s_naming_the_field(tiny_dirs, tiny):
