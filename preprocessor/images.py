@@ -87,16 +87,20 @@ def _check_header(width: int, height: int, part: Image, limits: Limits) -> None:
         raise InvalidArgument(f"{size} = {width * height} pixels; at most {limits.max_image_pixels}")
 
 
-def image_cost(opened: Sequence[OpenedImage], limits: Limits) -> int:
+def image_cost(opened: Sequence[OpenedImage], limits: Limits, min_pixels: int = 0) -> int:
     """The bytes decoding a request's images will hold (their files and DECODED_BYTES_PER_PIXEL per pixel, the
-    largest image twice), after checking their pixels together against the request's cap."""
+    largest image twice), after checking their pixels together against the request's cap. `min_pixels`: what
+    the processor resizes a smaller image up to (a request's mm_processor_kwargs may raise it), so each image
+    counts as at least that many pixels."""
     if not opened:
         return 0
-    total = sum(o.pixels for o in opened)
+    pixels = [max(o.pixels, min_pixels) for o in opened]
+    total = sum(pixels)
     if total > limits.max_request_image_pixels:
-        raise InvalidArgument(f"the request's {len(opened)} images have {total} pixels together; at most "
+        at_least = f" (each at least {min_pixels}: mm_processor_kwargs.min_pixels)" if min_pixels else ""
+        raise InvalidArgument(f"the request's {len(opened)} images have {total} pixels together{at_least}; at most "
                               f"{limits.max_request_image_pixels} (--max-request-image-pixels)")
-    largest = max(o.pixels for o in opened)
+    largest = max(pixels)
     return DECODED_BYTES_PER_PIXEL * (total + largest) + sum(o.encoded_bytes for o in opened)
 
 

@@ -98,10 +98,12 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     images, embeds = conv.parts(Image), conv.parts(Embeds)
     check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
     _check_reserved(conv, files)
-    # Every image's header is checked, and the request's pixels together, before anything is decoded; what
-    # decoding them holds is charged to the request's admission first.
+    mm_kwargs = processor_kwargs(conv.mm_processor_kwargs, files)
+    # Every image's header is checked, and the request's pixels together (as large as the processor will resize
+    # them up to), before anything is decoded; what decoding them holds is charged to the request's admission first.
     opened = [open_image(p, limits) for p in images]
-    charge(image_cost(opened, limits), f"decoding the request's {len(opened)} images")
+    min_pixels = mm_kwargs.get("images_kwargs", {}).get("size", {}).get("shortest_edge", 0)
+    charge(image_cost(opened, limits, min_pixels), f"decoding the request's {len(opened)} images")
     rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
     pictures = [decode_image(o, limits) for o in opened]
     if conv.chat_template is None:
@@ -110,7 +112,6 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
         raise RuntimeError("a request chat template needs render_request")
     else:
         prompt = render_request(request_job(files.tokenizer, conv, files.image_placeholder, files.sentinels))
-    mm_kwargs = processor_kwargs(conv.mm_processor_kwargs, files)
     ids, model_inputs = _tokenize(prompt, pictures, files, conv.add_special_tokens, mm_kwargs)
     if pictures and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "

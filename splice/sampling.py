@@ -38,7 +38,6 @@ LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range
 # bad_words: each word is tokenized twice (with and without a leading space), and every resulting sequence is
 # checked against each row's output at every step; vLLM's default cap (VLLM_MAX_NUM_BAD_WORDS) is the same.
 MAX_BAD_WORDS = 128
-MAX_TOP_LOGPROBS = INT_RANGES["top_logprobs"][1]
 
 
 def _pairs(bias: Mapping[int, float] | tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:

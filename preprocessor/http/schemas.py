@@ -156,6 +156,7 @@ class GenerationFields(_Request):
     bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
     include_stop_str_in_output: bool | None = False
 
+
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
     max_completion_tokens: MaxTokens | None = None

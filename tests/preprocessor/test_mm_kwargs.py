@@ -87,3 +87,20 @@ async def test_over_http(tiny_dirs, tiny):
         r = await face.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2,
                                                                 "mm_processor_kwargs": {"resample": 0}})
         assert r.status_code == 400 and "resample" in r.json()["error"]["message"]
+
+
+def test_a_raised_min_pixels_counts_in_the_request_image_cap(tiny):
+    """The processor resizes a smaller picture up to min_pixels: the request's pixel cap and its admission charge
+    count each picture as at least that large, so small files cannot buy large decoded tensors."""
+    from dataclasses import replace
+
+    files, info = tiny["tiny-qwen2-vl"]
+    most = files.processor.image_processor.size["longest_edge"]
+    pictures = [png_bytes(8, 8), png_bytes(8, 8)]  # 64 pixels each
+    limits = replace(PreprocessorCore(files, info).limits, max_request_image_pixels=most + 64)
+    core = PreprocessorCore(files, info, limits=limits)
+    served = core.normalize_chat(conversation(("user", [*pictures, "Compare."])))
+    assert served.request.token_ids.count(info.image_token_id) > 0
+    with pytest.raises(InvalidArgument, match=r"each at least \d+: mm_processor_kwargs.min_pixels"):
+        core.normalize_chat(conversation(("user", [*pictures, "Compare."]),
+                                         mm_processor_kwargs={"min_pixels": most, "max_pixels": most}))
