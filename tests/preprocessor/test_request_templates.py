@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,12 @@ def test_a_render_no_worker_can_take_in_time_is_refused_not_kept_for_a_restart(t
         looper, queued = asyncio.run(both())
         assert looper.code == "INVALID_ARGUMENT" and "did not render within 2 s" in looper.message
         assert queued.code == "RESOURCE_EXHAUSTED" and "--chat-template-timeout" in queued.message
-        assert not released.is_set() and not sandbox.processes()["driving"] + sandbox.processes()["spare"]
+        # Answered first, then the looper's process is retired (the driver thread, right after): wait for that.
+        guard = time.monotonic() + 60
+        while sandbox.processes()["driving"]:
+            assert time.monotonic() < guard, sandbox.processes()
+            time.sleep(0.01)
+        assert not released.is_set() and not sandbox.processes()["spare"]  # its replacement is still held
         released.set()
         assert sandbox.wait_warm(120)
         assert sandbox.render(_job(files, SIMPLE)) == "user: x\n"
