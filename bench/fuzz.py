@@ -71,7 +71,8 @@ STRUCTURED = {"Chat": chat, "Complete": complete, "Tokenize": tokenize, "Detoken
               "GetModelInfo": st.just(common_pb2.GetModelInfoRequest())}
 
 
-def _mutate(data: bytes, rng: random.Random) -> bytes:
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """`data` with 1-4 bytes overwritten or inserted (both faces' byte-level fuzzing)."""
     out = bytearray(data)
     for _ in range(rng.randint(1, 4)):
         if out and rng.random() < 0.7:
@@ -127,7 +128,7 @@ class Fuzzer:
         def one(message, raw):
             data = message.SerializeToString()
             self.call(method, data)
-            self.call(method, _mutate(data, rng))
+            self.call(method, mutate(data, rng))
             self.call(method, raw)
 
         one()

@@ -16,6 +16,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fuzz import mutate
 from preprocessor.http.convert import UNHONOURED
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -109,16 +110,6 @@ def serialize(body: object, depth: int = 0) -> bytes:
     return text.replace(json.dumps(DEEP), "[" * n + "]" * n).encode()
 
 
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    out = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        if out and rng.random() < 0.7:
-            out[rng.randrange(len(out))] = rng.randrange(256)
-        else:
-            out.insert(rng.randrange(len(out) + 1), rng.randrange(256))
-    return bytes(out)
-
-
 class HttpFuzzer:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -169,7 +160,7 @@ class HttpFuzzer:
                 body["max_tokens"] = 2  # unset would decode to the end of the context
             data = serialize(body, depth)
             self.call(path, data)
-            self.call(path, _mutate(data, rng))
+            self.call(path, mutate(data, rng))
             self.call(path, raw, rng.choice(["application/json", "text/plain", "application/x-www-form-urlencoded"]))
 
         one()
