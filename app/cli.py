@@ -77,12 +77,13 @@ def _up(args: argparse.Namespace) -> int:
     if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
+    mm_embeds = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
-                                  preprocessor_args=preprocessor_args + shlex.split(args.preprocessor_args),
+                                  preprocessor_args=preprocessor_args + mm_embeds + shlex.split(args.preprocessor_args),
                                   echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
@@ -323,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
                    help="hosts and ports whose http(s) image URLs the HTTP API may fetch (a bare HOST: ports 80 and "
                         "443 only)")
+    p.add_argument("--enable-mm-embeds", action="store_true",
+                   help="accept image_embeds content parts (precomputed image features), as vLLM's flag")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",

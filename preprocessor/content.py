@@ -75,8 +75,9 @@ class Embeds:
                                   f"safetensors")
 
 
-# A geometry value as sent: integers (a JSON list, nested or not; gRPC Integers), or base64 of torch.save(tensor).
-GeometryValue = tuple[int, ...] | list | str
+# A geometry value as sent: integers (gRPC Integers; a JSON integer or list, nested or not), or base64 of
+# torch.save(tensor).
+GeometryValue = tuple[int, ...] | int | list | str
 
 
 @dataclass(frozen=True)

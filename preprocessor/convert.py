@@ -11,6 +11,7 @@ from preprocessor.content import (
     Conversation,
     Embeds,
     Image,
+    ImageEmbeds,
     Message,
     Part,
     PromptPart,
@@ -25,17 +26,24 @@ from splice.v1 import preprocessor_pb2
 Streamed = Mapping[Where, memoryview]  # bytes of tensors that came in an Upload stream, by part
 
 
-def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where, streamed: Streamed | None = None) -> Embeds:
+def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where, streamed: Streamed | None = None,
+                   label: str = "prompt_embeds") -> Embeds:
     kind = pb.WhichOneof("encoding")
     if kind == "tensor":
         data = streamed[where] if streamed and where in streamed else pb.tensor.data
         payload = RawTensor(pb.tensor.dtype, tuple(pb.tensor.shape), data)
-        return Embeds(kind, payload, where)
+        return Embeds(kind, payload, where, label)
     if kind == "torch_base64":
-        return Embeds(kind, pb.torch_base64, where)
+        return Embeds(kind, pb.torch_base64, where, label)
     if kind == "safetensors":
-        return Embeds(kind, pb.safetensors, where)
-    return Embeds("", b"", where)  # raises: no encoding set
+        return Embeds(kind, pb.safetensors, where, label)
+    return Embeds("", b"", where, label)  # raises: no encoding set
+
+
+def image_embeds_from_pb(pb: preprocessor_pb2.ImageEmbeds, where: Where, streamed: Streamed | None = None,
+                         ) -> ImageEmbeds:
+    geometry = {key: tuple(value.values) for key, value in pb.geometry.items()}
+    return ImageEmbeds(embeds_from_pb(pb.embeds, where, streamed, "image_embeds"), geometry, where)
 
 
 def image_from_pb(pb: preprocessor_pb2.ImageInput, where: Where) -> Image:
@@ -51,7 +59,9 @@ def part_from_pb(pb: preprocessor_pb2.ContentPart, where: Where, streamed: Strea
         return image_from_pb(pb.image, where)
     if kind == "prompt_embeds":
         return embeds_from_pb(pb.prompt_embeds, where, streamed)
-    raise InvalidArgument(f"{where}: content part has no kind; set text, image or prompt_embeds")
+    if kind == "image_embeds":
+        return image_embeds_from_pb(pb.image_embeds, where, streamed)
+    raise InvalidArgument(f"{where}: content part has no kind; set text, image, prompt_embeds or image_embeds")
 
 
 def message_from_pb(pb: preprocessor_pb2.ChatMessage, index: int, streamed: Streamed | None = None) -> Message:

@@ -146,11 +146,15 @@ def _integers(value: GeometryValue, what: str) -> tuple[int, ...]:
     """A geometry value as sent (integers, a JSON list, or base64 of torch.save(tensor)) -> its integers."""
     if isinstance(value, str):
         return tuple(_from_torch_save(value, what))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
     if isinstance(value, tuple):
         if len(value) > MAX_GEOMETRY_VALUES:
             raise InvalidArgument(f"{what} holds {len(value)} integers; at most {MAX_GEOMETRY_VALUES}")
         return value
-    return tuple(_flatten(value, what))
+    if isinstance(value, list):
+        return tuple(_flatten(value, what))
+    raise InvalidArgument(f"{what} must be integers, got {type(value).__name__}")
 
 
 def _geometry(part: ImageEmbeds, family: Family) -> dict[str, tuple[int, ...]]:

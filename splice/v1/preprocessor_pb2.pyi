@@ -28,15 +28,38 @@ class PromptEmbeds(_message.Message):
     safetensors: bytes
     def __init__(self, tensor: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., torch_base64: _Optional[str] = ..., safetensors: _Optional[bytes] = ...) -> None: ...
 
+class Integers(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ImageEmbeds(_message.Message):
+    __slots__ = ("embeds", "geometry")
+    class GeometryEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Integers
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Integers, _Mapping]] = ...) -> None: ...
+    EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    embeds: PromptEmbeds
+    geometry: _containers.MessageMap[str, Integers]
+    def __init__(self, embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., geometry: _Optional[_Mapping[str, Integers]] = ...) -> None: ...
+
 class ContentPart(_message.Message):
-    __slots__ = ("text", "image", "prompt_embeds")
+    __slots__ = ("text", "image", "prompt_embeds", "image_embeds")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: ImageInput
     prompt_embeds: PromptEmbeds
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
+    image_embeds: ImageEmbeds
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., image_embeds: _Optional[_Union[ImageEmbeds, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content", "text")
