@@ -155,3 +155,28 @@ def test_a_text_model_takes_no_image_embeds(tiny):
     core = _core(tiny, "tiny-text")
     message = _refused(core, _chat({"image_embeds": rows(4, core.info.hidden_size)}), "FAILED_PRECONDITION")
     assert f"{PART}: image part, but the served model" in message
+
+
+async def test_the_http_face_answers_400s_naming_the_part(tiny_dirs, tiny):
+    from tests.preprocessor.http_face import http_face
+
+    files, info = tiny["tiny-qwen2-vl"]
+    merge = files.processor.image_processor.merge_size
+    features = _b64(rows(4, info.hidden_size))  # a [1, 2 merge, 2 merge] grid's rows
+
+    def body(image_embeds) -> dict:
+        content = [{"type": "image_embeds", "image_embeds": image_embeds}, {"type": "text", "text": "Hi"}]
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+
+    good = {"image_embeds": features, "image_grid_thw": [1, 2 * merge, 2 * merge]}
+    async with http_face(tiny_dirs, tiny, "tiny-qwen2-vl") as off:
+        resp = await off.http.post("/v1/chat/completions", json=body(good))
+        assert resp.status_code == 400 and "--enable-mm-embeds" in resp.json()["error"]["message"], resp.text
+    async with http_face(tiny_dirs, tiny, "tiny-qwen2-vl", limits=ON) as face:
+        assert (await face.http.post("/v1/chat/completions", json=body(good))).status_code == 200
+        for bad, message in ((None, "image_embeds is null"),
+                             ({"image_grid_thw": [1, 2, 2]}, "holds the features as base64 under 'image_embeds'"),
+                             ({**good, "image_grid_thw": [1, True, 4]}, "must hold integers"),
+                             ({**good, "image_grid_thw": True}, "image_grid_thw")):
+            resp = await face.http.post("/v1/chat/completions", json=body(bad))
+            assert resp.status_code == 400 and message in resp.json()["error"]["message"], resp.text
