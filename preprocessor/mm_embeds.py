@@ -37,6 +37,7 @@ from preprocessor.torch_archive import check_archive
 from splice.engine_request import IMAGE_EMBEDS
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.model_info import ModelInfo
+from splice.request_rules import check_rows as check_context_rows
 
 FLAG = "--enable-mm-embeds"
 # A geometry value is a few integers: its torch.save archive or JSON list is bounded accordingly.
@@ -200,11 +201,10 @@ def decode_image_embeds(parts: Sequence[ImageEmbeds], files: ModelFiles, info: M
 
         features.append(decode_embeds(part.embeds, info, limits, check_rows))  # [rows, hidden]
         given.append(Given(part.where, values, features[-1].shape[0]))
-    total = sum(f.shape[0] for f in features)
-    if total >= info.max_model_len:
-        raise InvalidArgument(f"the request's image_embeds have {total} rows together; the engine's max_model_len "
-                              f"is {info.max_model_len}")
-    charge(sum(f.numel() * f.element_size() for f in features), "joining the request's image_embeds")
+        # no further part is decoded once the rows alone fill the context
+        check_context_rows(sum(g.rows for g in given), info, f"{part.where}: the image_embeds up to this part")
+    if len(features) > 1:
+        charge(sum(f.numel() * f.element_size() for f in features), "joining the request's image_embeds")
     tensors = {IMAGE_EMBEDS: torch.cat(features) if len(features) > 1 else features[0]}  # [sum of rows, hidden]
     for key in family.to_engine:
         tensors[key] = torch.tensor([g.values[key] for g in given], dtype=torch.int64)  # [images, n]

@@ -180,3 +180,14 @@ async def test_the_http_face_answers_400s_naming_the_part(tiny_dirs, tiny):
                              ({**good, "image_grid_thw": True}, "image_grid_thw")):
             resp = await face.http.post("/v1/chat/completions", json=body(bad))
             assert resp.status_code == 400 and message in resp.json()["error"]["message"], resp.text
+
+
+def test_parts_that_fill_the_context_together_stop_decoding(tiny):
+    import dataclasses
+
+    core, side, n = _qwen(tiny)
+    short = PreprocessorCore(core.files, dataclasses.replace(core.info, max_model_len=2 * n), limits=ON)
+    part = {"image_embeds": rows(n, core.info.hidden_size), "image_grid_thw": [1, side, side]}
+    message = _refused(short, _chat(part, part))
+    assert message.startswith(f"messages[0].content[1]: the image_embeds up to this part has {2 * n} rows; the "
+                              f"engine's max_model_len is {2 * n}")
