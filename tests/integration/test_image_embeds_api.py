@@ -140,15 +140,17 @@ def test_qwen2_vl_over_http_and_grpc(qwen, monkeypatch):
         assert answer(image_embeds_part(features, image_grid_thw=grid[0].tolist())) == by_picture
 
 
-def test_with_prompt_embeds_on_a_model_whose_sentinels_overflow_its_vocabulary(qwen):
-    pre, model_dir = qwen
+def test_with_prompt_embeds_on_a_model_whose_sentinels_overflow_its_vocabulary(idefics3):
+    pre, model_dir = idefics3
     picture = sample_picture(70, 50)
-    features, tensors, _ = _hf_features(model_dir, picture)
+    features, _, processor = _hf_features(model_dir, picture)
+    tiles = processor.image_processor([picture], return_row_col_info=True)
     files = load_model_files(model_dir)
-    assert min(files.sentinels.ids) >= files.base_vocab  # every sentinel ID is past the embedding table
+    with SpliceClient(pre.address, timeout=60) as grpc_client:
+        assert min(files.sentinels.ids) >= grpc_client.model_info().vocab_rows  # past the engine's embedding table
     soft = {"type": "prompt_embeds", "data": vllm_base64(embedding_rows(model_dir, [11, 12, 13, 14]))}
     supplied = {"type": "image_embeds", "image_embeds": {"image_embeds": vllm_base64(features),
-                                                         "image_grid_thw": tensors["image_grid_thw"][0].tolist()}}
+                                                         "rows": tiles["rows"][0][0], "cols": tiles["cols"][0][0]}}
     with _openai(pre) as client:
         want = _chat(client, {"type": "image_url", "image_url": {"url": _data_url(picture)}}, soft)
         got = _chat(client, supplied, soft)

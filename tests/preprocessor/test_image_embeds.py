@@ -191,3 +191,24 @@ def test_parts_that_fill_the_context_together_stop_decoding(tiny):
     message = _refused(short, _chat(part, part))
     assert message.startswith(f"messages[0].content[1]: the image_embeds up to this part has {2 * n} rows; the "
                               f"engine's max_model_len is {2 * n}")
+
+
+@pytest.mark.parametrize("name", ["tiny-idefics3", "tiny-qwen2-vl"])
+def test_beside_prompt_embeds_no_sentinel_reaches_the_engine(tiny, name):
+    """On a model whose sentinels lie past its vocabulary (Idefics3) and one whose padded table covers them (Qwen2-VL):
+    the spans are the prompt_embeds', the image tokens the image_embeds' rows, and no sentinel ID is left."""
+    core = _core(tiny, name)
+    files, info = core.files, core.info
+    assert (min(files.sentinels.ids) >= info.vocab_rows) == (name == "tiny-idefics3")
+    if name == "tiny-idefics3":
+        n = files.processor.image_seq_len
+        part = {"image_embeds": rows(n, info.hidden_size)}
+    else:
+        _, side, n = _qwen(tiny)
+        part = {"image_embeds": rows(n, info.hidden_size), "image_grid_thw": [1, side, side]}
+    soft = rows(3, info.hidden_size, seed=5)
+    req = core.normalize_chat(conversation(("user", ["Look:", soft, part, "and", soft[:2], "What?"]))).request
+    assert not set(req.token_ids) & files.sentinels.id_set and max(req.token_ids) < info.vocab_rows
+    assert [s.length for s in req.embed_spans] == [3, 2]
+    assert sum(t == info.image_token_id for t in req.token_ids) == n
+    assert IMAGE_EMBEDS in req.model_inputs and "pixel_values" not in req.model_inputs
