@@ -212,3 +212,17 @@ def test_beside_prompt_embeds_no_sentinel_reaches_the_engine(tiny, name):
     assert [s.length for s in req.embed_spans] == [3, 2]
     assert sum(t == info.image_token_id for t in req.token_ids) == n
     assert IMAGE_EMBEDS in req.model_inputs and "pixel_values" not in req.model_inputs
+
+
+def test_the_flag_reaches_the_limits():
+    import argparse
+
+    from preprocessor.cli import add_arguments, limits_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert limits_from_args(parser.parse_args(["--enable-mm-embeds"])).enable_mm_embeds
+    assert not limits_from_args(parser.parse_args([])).enable_mm_embeds
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["up", "--enable-mm-embeds"]).enable_mm_embeds  # passed on to the preprocessor
