@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", help="which to build (default: all)")
     p.set_defaults(func=_build_tiny)
 
-    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}, then "
-                       f"a question to the real model {REAL_DEFAULT}")
+    p = sub.add_parser("demo", help=f"a conversation of text, prompt embeddings, an image and text on "
+                       f"{DEFAULT_MODEL}, then a question to the real model {REAL_DEFAULT}")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--max-tokens", type=int, default=24, help="tokens each answer generates at most")
     p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "
