@@ -130,12 +130,14 @@ def upload_parts(request: pp.ChatRequest | pp.CompleteRequest, tensors: list[tor
 @_client_errors
 def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None,
                      add_special_tokens: bool | None = None, **kwargs: Any) -> pp.TokenizeRequest:
-    """`add_special_tokens` (for `text`): None = the server's default (yes, as Complete)."""
+    """`add_special_tokens`: None = the server's default (for `text`: yes, as Complete; for a chat: no, as Chat)."""
     if text is not None:
         req = pp.TokenizeRequest(text=text)
         if add_special_tokens is not None:
             req.add_special_tokens = add_special_tokens
         return req
+    if add_special_tokens is not None:  # the conversation's own field (ChatRequest.add_special_tokens)
+        kwargs["add_special_tokens"] = add_special_tokens
     return pp.TokenizeRequest(chat=chat_request(messages or [], **kwargs))
 
 

@@ -145,3 +145,12 @@ def test_splice_chat_with_a_missing_or_corrupt_file_prints_one_line(tmp_path, ca
     assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--image", str(image)]) == 2  # as a missing --embeds file
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.png" in err[0], err
+
+
+def test_tokenize_passes_add_special_tokens_to_the_conversation():
+    from clients.requests import tokenize_request
+
+    req = tokenize_request([{"role": "user", "content": "hi"}], add_special_tokens=True)
+    assert req.chat.add_special_tokens and not req.HasField("add_special_tokens")
+    req = tokenize_request(None, text="hi", add_special_tokens=False)
+    assert req.HasField("add_special_tokens") and not req.add_special_tokens
