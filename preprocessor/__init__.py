@@ -8,6 +8,7 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
                  (both charge what they decode to the request's admission, admission.py, before allocating)
   mm_embeds.py   image_embeds (--enable-mm-embeds): precomputed image features checked against the geometry
                  their family needs (embeds_geometry.py), the placeholder expanded by the processor from it
+  template_args.py  vLLM's documents / reasoning_effort -> template arguments (for both faces)
   template.py    chat template -> prompt text; part k of the prompt_embeds parts as sentinel k, image
                  parts as the processor's placeholder
   normalize.py   tokenize through the processor (image expansion, pixel tensors), then the model files'

@@ -35,6 +35,7 @@ from preprocessor.http.schemas import (
     TextPart,
     TokenizeChatRequest,
 )
+from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 
@@ -104,24 +105,12 @@ def message_from_http(msg: ChatMessage, index: int) -> Message:
     return Message(msg.role, parts, False, index)
 
 
-def template_kwargs_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
-    """chat_template_kwargs, then the request's own template arguments where set (vLLM's merge: those win):
-    `documents`, and `reasoning_effort` (which also turns thinking on or off unless chat_template_kwargs says)."""
-    kwargs = dict(body.chat_template_kwargs or {})
-    if body.documents is not None:
-        kwargs["documents"] = body.documents
-    if body.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = body.reasoning_effort
-        kwargs.setdefault("enable_thinking", body.reasoning_effort != "none")
-    return kwargs
-
-
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
     return Conversation(
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=template_kwargs_from_http(body),
+        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort),
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
         mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
+from preprocessor.template_args import REASONING_EFFORTS
 from splice.sampling import INT32_MAX, INT_RANGES, LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE
 
 
@@ -31,6 +32,7 @@ Count = Annotated[int, _in(0, INT32_MAX)]  # n: its exact rule is convert.py's, 
 TopLogprobs = Annotated[int, _in(*INT_RANGES["top_logprobs"])]
 MinTokens = Annotated[int, _in(*INT_RANGES["min_tokens"])]
 GeometryInt = Annotated[int, Strict(), _in(0, INT32_MAX)]  # an image_embeds geometry value (JSON true is no 1)
+ReasoningEffort = Literal[REASONING_EFFORTS]  # (a tuple subscript: Literal["none", "minimal", ...])
 
 
 class _Body(BaseModel):
@@ -180,7 +182,7 @@ class ChatCompletionRequest(GenerationFields):
     continue_final_message: bool = False
     add_special_tokens: bool = False  # special tokens on top of the template's
     documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG)
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None  # preprocessor/mm_kwargs.py
     echo: bool = False  # the answer starts with the last message's text when it has the answer's role
     return_token_ids: bool | None = None  # prompt_token_ids on the response, token_ids on each choice
@@ -216,7 +218,7 @@ class TokenizeChatRequest(_Request):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     documents: list[dict[str, str]] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
 
