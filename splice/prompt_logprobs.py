@@ -8,8 +8,7 @@ reports them (no penalty, bias or temperature).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from splice.v1 import common_pb2
@@ -17,8 +16,6 @@ from splice.v1 import common_pb2
 # Positions per wire piece: with 20 alternatives a position is ~150 bytes, so a piece stays near 300 KiB, far below
 # gRPC's 4 MiB default receive limit, whatever the prompt's length.
 PIECE_POSITIONS = 2048
-# vLLM's JSON stand-in for -inf (its clamp_prompt_logprobs): JSON has no infinity.
-MIN_LOGPROB = -9999.0
 
 
 @dataclass(frozen=True)
@@ -120,29 +117,3 @@ class Pieces:
     def take(self) -> PromptLogprobs | None:
         pieces, self._pieces = self._pieces, []
         return PromptLogprobs.join(pieces) if pieces else None
-
-
-def clamp(logprob: float) -> float:
-    """-inf (a token the model cannot produce) as vLLM writes it in JSON."""
-    return max(logprob, MIN_LOGPROB) if not math.isnan(logprob) else logprob
-
-
-def vllm_json(plp: PromptLogprobs, texts: Callable[[Iterable[int]], list[str]]) -> list[dict | None]:
-    """vLLM's `prompt_logprobs`: per position, None at 0, else {token ID (a string, as JSON keys are): {"logprob",
-    "rank", "decoded_token"}} with the prompt's own token first, then the k most likely (ranks 1..k; the prompt's
-    token keeps its place when it is one of them, with their entry), as vLLM's dict of Logprob serializes.
-    `texts`: token IDs -> each token's own text."""
-    entries = plp.entries()
-    ids = [t for e in entries if e is not None for t in (e[0], *(i for i, _ in e[3]))]
-    decoded = dict(zip(ids, texts(ids), strict=True))
-    out: list[dict | None] = []
-    for e in entries:
-        if e is None:
-            out.append(None)
-            continue
-        token, lp, rank, tops = e
-        position = {str(token): {"logprob": clamp(lp), "rank": rank, "decoded_token": decoded[token]}}
-        for r, (tid, tlp) in enumerate(tops, 1):
-            position[str(tid)] = {"logprob": clamp(tlp), "rank": r, "decoded_token": decoded[tid]}
-        out.append(position)
-    return out
