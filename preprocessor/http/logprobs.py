@@ -54,7 +54,8 @@ def output_steps(token_ids: Sequence[int], logprobs: Sequence[float], top_ids: S
 
 def completion_logprobs(steps: Sequence[Step], texts: TokenTexts, shown: int | None, offset: int = 0) -> dict:
     """OpenAI's completions logprobs: tokens, token_logprobs (null at prompt position 0), top_logprobs (text ->
-    logprob; tokens sharing a text keep the later's value), text_offset (from `offset`: the text already sent).
+    logprob; where another token has the same text, the position's own token's logprob is kept, where vLLM's dict
+    keeps the later one's), text_offset (from `offset`: the text already sent).
     `shown`: the dict entries shown per position, vLLM's `logprobs` + 1 (the token and the most likely); None: all
     (logprob_token_ids)."""
     ids = [t for t, _, items in steps for t in (t, *(i for i, _ in items))]
@@ -63,7 +64,11 @@ def completion_logprobs(steps: Sequence[Step], texts: TokenTexts, shown: int | N
     for token, lp, items in steps:
         tokens.append(text[token])
         token_logprobs.append(None if lp is None else clamp(lp))
-        tops.append(None if lp is None else {text[i]: clamp(v) for i, v in (items if shown is None else items[:shown])})
+        top = None
+        if lp is not None:
+            top = {text[i]: clamp(v) for i, v in (items if shown is None else items[:shown])}
+            top[text[token]] = clamp(lp)  # another token of the same text does not hide the token's own logprob
+        tops.append(top)
         offsets.append(offset)
         offset += len(text[token])
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
