@@ -7,13 +7,14 @@ from __future__ import annotations
 import base64
 import io
 
+import grpc
 import openai
 import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from app.demo import embedding_rows, sample_picture
-from clients import SpliceClient
+from clients import SpliceClient, SpliceClientError
 from tests.integration.conftest import API_KEY, MODEL
 
 PROMPT = "Once upon a time there was a cat"
@@ -157,7 +158,7 @@ def test_logprob_token_ids_return_exactly_those_tokens(client, grpc_client, tok)
         assert len(shown) == len({content.token, *(_text(tok, t) for t in listed)})
 
 
-def test_refusals_name_the_field(client, model_dir):
+def test_refusals_name_the_field(client, grpc_client, model_dir):
     msgs = [{"role": "user", "content": "Hi"}]
     soft = _torch_b64(embedding_rows(model_dir, [5, 6, 7]))
     cases = [
@@ -185,6 +186,12 @@ def test_refusals_name_the_field(client, model_dir):
         with pytest.raises(openai.BadRequestError) as bad:
             client.chat.completions.create(model=MODEL, max_tokens=2, **kwargs)
         assert field in bad.value.message, (kwargs, bad.value.message)
+    with pytest.raises(SpliceClientError) as refused:  # gRPC: INVALID_ARGUMENT, the same rule
+        list(grpc_client.complete([embedding_rows(model_dir, [5, 6])], max_tokens=2, prompt_logprobs=0))
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and "prompt_logprobs" in refused.value.details
+    with pytest.raises(SpliceClientError) as refused:
+        list(grpc_client.complete([PROMPT], max_tokens=2, prompt_logprobs=21))
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and "prompt_logprobs" in refused.value.details
     # what vLLM accepts: prompt_logprobs 0 while streaming (nothing to return), echo's implied prompt logprobs
     # skipped for a conversation with prompt embeddings (it has no tokens to score)
     assert list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, stream=True,
