@@ -167,11 +167,6 @@ class SamplingParams:
         return self.prompt_logprobs is not None
 
     @property
-    def alternatives(self) -> int:
-        """Logprobs returned beside each chosen token's: the listed tokens', or the top_logprobs most likely."""
-        return len(self.logprob_token_ids) or self.top_logprobs
-
-    @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
