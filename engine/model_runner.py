@@ -11,6 +11,9 @@ A mixed step (every row decodes while prompt positions of arrivals are prefilled
 allows it (`mixed`): the rows' tokens and the prompt positions packed into one row of tokens, so the linears, norms
 and MLPs run once per step instead of once for the decode and once for the prefill; attention is split per sequence
 (engine/models/attention.py), so each row and each prompt gets what its own forward would give.
+
+A prompt that asks for prompt logprobs hands the hidden states of its positions to engine/prompt_logprobs.py in each
+forward that prefills it (whichever of the paths above); every other prompt's logits are its last position's only.
 """
 
 from __future__ import annotations
