@@ -165,7 +165,7 @@ def _secured(args: argparse.Namespace) -> str:
 
 # `splice chat` flags that map one-to-one onto SamplingParams fields (given = sent; the server checks the values)
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                 "min_tokens", "top_logprobs")
+                 "min_tokens", "top_logprobs", "prompt_logprobs")
 # ... and onto ChatRequest fields
 CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs")
 
@@ -213,13 +213,13 @@ def chat_sampling(args: argparse.Namespace) -> dict:
     for name in ("bad_words", "stop"):
         if getattr(args, name):
             sampling[name] = tuple(getattr(args, name))
-    for name in ("allowed_token_ids", "stop_token_ids"):
+    for name in ("allowed_token_ids", "stop_token_ids", "logprob_token_ids"):
         if getattr(args, name):
             sampling[name] = getattr(args, name)
     for name in ("include_stop_str_in_output", "ignore_eos"):
         if getattr(args, name):
             sampling[name] = True
-    if args.logprobs or args.top_logprobs:
+    if args.logprobs or args.top_logprobs or args.logprob_token_ids:
         sampling["logprobs"] = True
     if not args.skip_special_tokens:
         sampling["skip_special_tokens"] = False
@@ -244,6 +244,19 @@ def _print_logprobs(chunks: list) -> None:
             top = chunk.top_logprobs[i] if i < len(chunk.top_logprobs) else ()
             alternatives = "  top: " + ", ".join(f"{t}:{lp:.4f}" for t, lp in top) if top else ""
             _say(f"token {token}{text} logprob={logprob:.4f}{alternatives}")
+
+
+def _print_prompt_logprobs(chunks: list) -> None:
+    """--prompt-logprobs: each prompt token's ID, log-probability and rank (none for the first), then its
+    alternatives."""
+    plp = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
+    for entry in plp.entries() if plp is not None else ():
+        if entry is None:
+            _say(f"prompt token {plp.token_ids[0]} (first: no logprob)")
+            continue
+        token, logprob, rank, top = entry
+        alternatives = "  top: " + ", ".join(f"{t}:{lp:.4f}" for t, lp in top) if top else ""
+        _say(f"prompt token {token} logprob={logprob:.4f} rank={rank}{alternatives}")
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -282,6 +295,8 @@ def _chat(args: argparse.Namespace) -> int:
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
                 chunks.append(chunk)
             print()
+            if sampling.get("prompt_logprobs") is not None:
+                _print_prompt_logprobs(chunks)
             if sampling.get("logprobs"):
                 _print_logprobs(chunks)
     except SpliceClientError as err:
@@ -431,6 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print each answer token's ID and log-probability after the answer (on stderr)")
     p.add_argument("--top-logprobs", type=int, default=None, metavar="N",
                    help="[0, 20]; also the N most likely tokens at each step (implies --logprobs)")
+    p.add_argument("--logprob-token-ids", type=_token_ids, metavar="ID,ID,...",
+                   help="at each step the log-probabilities of exactly these tokens, instead of the most likely "
+                        "(implies --logprobs)")
+    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="[0, 20]; print each prompt token's log-probability and rank, and the N most likely tokens "
+                        "at each prompt position (on stderr)")
     p.add_argument("--assistant", default=None, metavar="TEXT",
                    help="an assistant message sent after the prompt (with --continue-final-message: the answer's "
                         "start)")

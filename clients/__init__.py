@@ -6,6 +6,7 @@ from clients.parts import embeds_part, image_embeds_part, image_part, message, t
 from clients.sync_client import SpliceClient
 from clients.types import Chunk
 from splice.engine_output import FinishReason, Usage
+from splice.prompt_logprobs import PromptLogprobs
 from splice.security import ClientTLS
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "Chunk",
     "ClientTLS",
     "FinishReason",
+    "PromptLogprobs",
     "SpliceClient",
     "SpliceClientError",
     "Usage",

@@ -17,7 +17,7 @@ from clients.requests import (
     upload_parts,
 )
 from clients.sync_client import CHANNEL_OPTIONS
-from clients.types import Chunk, Tokenized
+from clients.types import Chunk, ChunkReader, Tokenized
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
 from splice.tensor_chunks import paced
@@ -80,9 +80,11 @@ class AsyncSpliceClient:
 
     async def _stream(self, method, request) -> AsyncIterator[Chunk]:
         call = method(request, timeout=self._timeout, metadata=self._metadata)
+        reader = ChunkReader()
         try:
             async for pb in call:
-                yield Chunk.from_pb(pb)
+                if (chunk := reader.read(pb)) is not None:
+                    yield chunk
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
         finally:

@@ -16,7 +16,7 @@ from clients.requests import (
     tokenized_from_pb,
     upload_parts,
 )
-from clients.types import Chunk, Tokenized
+from clients.types import Chunk, ChunkReader, Tokenized
 from splice.grpc_options import replica_options
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS, bearer, channel
@@ -87,9 +87,11 @@ class SpliceClient:
 
     def _stream(self, method, request) -> Iterator[Chunk]:
         call = method(request, timeout=self._timeout, metadata=self._metadata)
+        reader = ChunkReader()
         try:
             for pb in call:
-                yield Chunk.from_pb(pb)
+                if (chunk := reader.read(pb)) is not None:
+                    yield chunk
         except grpc.RpcError as err:
             raise SpliceClientError.from_rpc_error(err) from None
         finally:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from splice.engine_output import FinishReason, Usage
+from splice.prompt_logprobs import Pieces, PromptLogprobs
 from splice.v1 import preprocessor_pb2
 
 
@@ -19,6 +21,9 @@ class Chunk:
     # with top_logprobs = k: for each token, the k most likely tokens at its step, (token ID, logprob), most likely
     # first
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    # with prompt_logprobs = k (first chunk only): the prompt's token IDs, and per position None at 0, else (token ID,
+    # logprob, rank, the k most likely as (token ID, logprob)): `prompt_logprobs.entries()`
+    prompt_logprobs: PromptLogprobs | None = None
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
@@ -30,7 +35,26 @@ class Chunk:
             usage=Usage.from_pb(pb.usage) if pb.HasField("usage") else None,
             stop_reason=pb.stop_reason,
             top_logprobs=_per_token(pb),
+            prompt_logprobs=PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None,
         )
+
+
+class ChunkReader:
+    """GenerationChunk messages -> Chunks, a long prompt's logprobs (sent in pieces, each alone in a message
+    before the first token) joined onto the first Chunk."""
+
+    def __init__(self) -> None:
+        self._pieces = Pieces()
+
+    def read(self, pb: preprocessor_pb2.GenerationChunk) -> Chunk | None:
+        """The Chunk of `pb`, or None for a message that carries only a piece."""
+        chunk = Chunk.from_pb(pb)
+        if chunk.prompt_logprobs is None:
+            return chunk
+        self._pieces.add(chunk.prompt_logprobs)
+        if not chunk.token_ids and chunk.finish_reason is None:
+            return None
+        return dataclasses.replace(chunk, prompt_logprobs=self._pieces.take())
 
 
 def _per_token(pb: preprocessor_pb2.GenerationChunk) -> tuple[tuple[tuple[int, float], ...], ...]:

@@ -36,6 +36,7 @@ from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
+from splice.prompt_logprobs import PromptLogprobs
 from splice.sampling import SamplingParams
 
 # A request without tensors and up to this many tokens is validated on the event loop: checking its IDs takes
@@ -367,7 +368,8 @@ class LLMEngine:
                     finished.add(seq.seq_id)
                 usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
                 self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage,
-                                             *(top if top is not None else ((), ()))))
+                                             *(top if top is not None else ((), ())),
+                                             prompt_logprobs=self._prompt_logprobs(seq)))
                 if reason is not None:
                     self._release(seq)
         # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its
@@ -377,6 +379,12 @@ class LLMEngine:
         self.runner.remove(finished)
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
+
+    def _prompt_logprobs(self, seq: Sequence) -> PromptLogprobs | None:
+        """A sequence's prompt logprobs (engine/prompt_logprobs.py) go out with its first token."""
+        if seq.sampling.prompt_logprobs is None or seq.num_generated != 1:
+            return None
+        return self.runner.take_prompt_logprobs(seq.seq_id)
 
     def _emit(self, seq: Sequence, item: EngineOutput | BaseException) -> None:
         """Collected; `_flush` hands it over with the rest of the step."""

@@ -11,6 +11,9 @@ A mixed step (every row decodes while prompt positions of arrivals are prefilled
 allows it (`mixed`): the rows' tokens and the prompt positions packed into one row of tokens, so the linears, norms
 and MLPs run once per step instead of once for the decode and once for the prefill; attention is split per sequence
 (engine/models/attention.py), so each row and each prompt gets what its own forward would give.
+
+A prompt that asks for prompt logprobs hands the hidden states of its positions to engine/prompt_logprobs.py in each
+forward that prefills it (whichever of the paths above); every other prompt's logits are its last position's only.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import Any
 
 import torch
 
+from engine import prompt_logprobs as plp
 from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.attention import PACKED
 from engine.models.slot_cache import Segment, SlotKV
+from splice.prompt_logprobs import PromptLogprobs
 
 PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
 NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
@@ -93,6 +98,9 @@ class ModelRunner:
         self.capacity = capacity
         self.batch: Batch | None = None
         self.pending: Pending | None = None
+        # seq_id -> the prompt logprobs of a completed prefill, until the engine takes them (every rank makes them: the
+        # logits are a model call; the other ranks' go with their rows, at remove)
+        self.prompt_logprobs: dict[int, PromptLogprobs] = {}
 
     @property
     def seq_ids(self) -> list[int]:
@@ -102,9 +110,14 @@ class ModelRunner:
         """Drops every row and any prompt being prefilled over several steps (their caches freed)."""
         self.batch = None
         self.pending = None
+        self.prompt_logprobs.clear()
 
     def _forward(self, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """embeds [rows, q, hidden], positions [D, rows, q] -> last-position logits [rows, vocab]."""
+        return self.family.logits(self._hidden(embeds, step, positions, cache)[:, -1])
+
+    def _hidden(self, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """embeds [rows, q, hidden], positions [D, rows, q] -> the last layer's hidden states [rows, q, hidden]."""
         f = self.family
         out = f.backbone(
             inputs_embeds=embeds,
@@ -114,7 +127,16 @@ class ModelRunner:
             use_cache=True,
             **f.forward_kwargs(step, embeds),
         )
-        return f.logits(out.last_hidden_state[:, -1])
+        return out.last_hidden_state
+
+    def take_prompt_logprobs(self, seq_id: int) -> PromptLogprobs | None:
+        """The prompt logprobs of a sequence whose prefill completed, once (None when it asked for none)."""
+        return self.prompt_logprobs.pop(seq_id, None)
+
+    def _prompt_done(self, seq_id: int, prompt: Prompt) -> None:
+        """`prompt` is complete: its prompt logprobs, if it asked, wait for take_prompt_logprobs."""
+        if plp.wants(prompt):
+            self.prompt_logprobs[seq_id] = plp.finish(prompt)
 
     @torch.inference_mode()
     def prefill(self, seq_ids: list[int], prompts: list[Prompt]) -> torch.Tensor:
@@ -146,6 +168,8 @@ class ModelRunner:
         finally:
             kv.refresh()
         in_slots = group + long  # prompt index of each new slot
+        for i in in_slots:
+            self._prompt_done(seq_ids[i], prompts[i])
         kv.add_rows(starts, ends)
         nexts = torch.tensor([prompts[i].next_position for i in in_slots], device=f.device)
         new_seqs = [seq_ids[i] for i in in_slots]
@@ -178,7 +202,11 @@ class ModelRunner:
         )
         positions = torch.stack([left_pad(p.positions, n, 1) for p, n in zip(prompts, pads, strict=True)], 1)
         kv.plan_prefill(len(prompts), longest, first=slot)
-        return self._forward(embeds, step, positions, cache), pads  # positions: [D, n, L]
+        hidden = self._hidden(embeds, step, positions, cache)  # [n, L, hidden]; positions: [D, n, L]
+        for i, (p, n) in enumerate(zip(prompts, pads, strict=True)):
+            if plp.wants(p):
+                plp.record(self.family, p, hidden[i, n:], 0)
+        return self.family.logits(hidden[:, -1]), pads
 
     def _prefill_span(self, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, start: int = 0,
                       end: int | None = None) -> torch.Tensor:
@@ -192,7 +220,10 @@ class ModelRunner:
                               prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
             kv.plan_prefill(1, stop - at, past=at, first=slot)
             kv.plan.reserve = len(prompt.token_ids) + 1  # the buffers grow once: the prompt and its first decode
-            logits = self._forward(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
+            hidden = self._hidden(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
+            if plp.wants(prompt):
+                plp.record(self.family, prompt, hidden[0], at)
+            logits = self.family.logits(hidden[:, -1])
         return logits
 
     @torch.inference_mode()
@@ -215,6 +246,7 @@ class ModelRunner:
         if end < len(p.prompt.token_ids):
             return None
         self.pending = None
+        self._prompt_done(seq_id, p.prompt)
         b.kv.add_rows([0], [end])
         b.seq_ids.append(seq_id)
         b.slot_seqs.append(seq_id)
@@ -294,6 +326,11 @@ class ModelRunner:
         lasts = torch.tensor([e - s for _, _, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token
         complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
         hidden = out.last_hidden_state[0]  # [N, hidden]
+        at = rows
+        for p, _, s, e in pieces:  # the prompts that asked for prompt logprobs score their positions here
+            if plp.wants(p):
+                plp.record(f, p, hidden[at:at + e - s], s)
+            at += e - s
         logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
         kv.advance()
         b.positions = b.positions + 1
@@ -303,6 +340,8 @@ class ModelRunner:
         if complete:
             kv.add_rows([0] * len(complete), [pieces[k][3] for k in complete])
             joined = [parts[k].seq_id for k in complete]
+            for k in complete:
+                self._prompt_done(parts[k].seq_id, pieces[k][0])
             b.seq_ids += joined
             b.slot_seqs += joined
             nexts = [pieces[k][0].next_position for k in complete]
@@ -318,6 +357,8 @@ class ModelRunner:
         still being prefilled keeps the slot after the rows in use)."""
         if self.pending is not None and self.pending.seq_id in seq_ids:
             self.pending = None
+        for seq in seq_ids & self.prompt_logprobs.keys():
+            del self.prompt_logprobs[seq]
         b = self.batch
         if b is None or not seq_ids & set(b.seq_ids):
             return

@@ -51,7 +51,8 @@ def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
            raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None], list[Top | None]]:
     """logits [batch, vocab] -> one token per row, its logprob (from `raw`, default `logits`) for rows that asked,
-    and for rows with top_logprobs = k the k most likely tokens and their logprobs."""
+    and for rows with top_logprobs = k the k most likely tokens and their logprobs (rows with logprob_token_ids: those
+    tokens and their logprobs instead)."""
     logits = logits.float()
     chosen = logits.argmax(dim=-1)  # [batch]; kept for greedy rows
     sampled = [row for row, p in enumerate(params) if not p.greedy]
@@ -80,10 +81,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         every = (logits if raw is None else raw.float()).log_softmax(-1)  # [batch, vocab]
         picked = every.gather(1, chosen[:, None])[:, 0].tolist()  # [batch]
         logprobs = [lp if w else None for lp, w in zip(picked, want, strict=True)]
-        k = max(p.top_logprobs for p in params)
+        k = max((p.top_logprobs for p in params if not p.logprob_token_ids), default=0)
         if k:
             values, ids = every.topk(min(k, every.shape[-1]), dim=-1)  # [batch, k], most likely first
             values, ids = values.tolist(), ids.tolist()
-            tops = [(tuple(ids[r][:p.top_logprobs]), tuple(values[r][:p.top_logprobs])) if p.top_logprobs else None
-                    for r, p in enumerate(params)]
+            tops = [(tuple(ids[r][:p.top_logprobs]), tuple(values[r][:p.top_logprobs]))
+                    if p.top_logprobs and not p.logprob_token_ids else None for r, p in enumerate(params)]
+        for r, p in enumerate(params):  # logprob_token_ids: exactly the listed tokens' logprobs, in their order
+            if p.logprob_token_ids:
+                listed = torch.tensor(p.logprob_token_ids, device=every.device)
+                tops[r] = (p.logprob_token_ids, tuple(every[r, listed].tolist()))
     return chosen.tolist(), logprobs, tops

@@ -149,7 +149,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 raise _part_too_many(upload.received, upload.assembler.declared_bytes)
             async with aclosing(engine.generate(engine_request)) as outputs:
                 async for out in outputs:
-                    yield out.to_pb()
+                    for pb in out.to_pbs():
+                        yield pb
 
     def _upload(self, engine: LLMEngine, first: engine_pb2.GenerateRequestPart | None) -> _Upload:
         """A request's upload from its first part, which must be a header for this engine's model (a stream
@@ -179,7 +180,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     async for out in outputs:
                         if end.done():  # a part after the request was whole: INVALID_ARGUMENT, the sequence aborts
                             end.result()
-                        yield out.to_pb()
+                        for pb in out.to_pbs():
+                            yield pb
                 if end.done():
                     end.result()
             finally:

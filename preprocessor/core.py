@@ -27,7 +27,7 @@ from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
-from splice.request_rules import check_ids
+from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS, check_ids
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20
@@ -127,6 +127,7 @@ class PreprocessorCore:
         contacted."""
         arrival = time.perf_counter()
         self.check_conversation(conv)
+        _check_prompt_logprobs(sampling, conv.parts(Embeds))
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
         rendered = await self._prerendered(conv)
@@ -148,6 +149,7 @@ class PreprocessorCore:
             raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
         for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
             check_prompt(prompt, self.info, self.files, self.limits)
+        _check_prompt_logprobs(sampling, [p for prompt in prompts for p in prompt if isinstance(p, Embeds)])
         embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
         if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
             raise InvalidArgument(f"the request has {embeds} prompt_embeds parts; at most "
@@ -233,6 +235,12 @@ class PreprocessorCore:
 
     def model_info(self) -> ModelInfo:
         return self.info
+
+
+def _check_prompt_logprobs(sampling: SamplingParams, embeds: Sequence[Embeds]) -> None:
+    """Before any part is decoded: prompt embeddings have no tokens to score (the engine refuses them too)."""
+    if sampling.prompt_logprobs is not None and embeds:
+        raise InvalidArgument(f"{PROMPT_LOGPROBS_WITH_EMBEDS} ({embeds[0].where})")
 
 
 def _record(endpoint: str, normalized: Normalized, arrival: float, images: int) -> None:

@@ -7,6 +7,7 @@ which aborts the sequence there.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,6 +18,7 @@ from splice.engine_wire import encode_header, encode_request, encode_whole
 from splice.errors import SpliceError, Unavailable
 from splice.grpc_options import replica_options
 from splice.model_info import ModelInfo
+from splice.prompt_logprobs import Pieces
 from splice.security import ClientTLS, bearer, channel
 from splice.tensor_chunks import paced
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -66,9 +68,15 @@ class EngineClient:
             call = self._stub.GenerateWhole(whole, metadata=self._metadata)
         else:
             call = self._stub.Generate(paced(encode_request(request, header=header)), metadata=self._metadata)
+        pieces = Pieces()  # a long prompt's logprobs, in pieces before the first token
         try:
             async for pb in call:
                 out = EngineOutput.from_pb(pb)
+                if out.prompt_logprobs is not None:
+                    pieces.add(out.prompt_logprobs)
+                    if not out.token_ids and not out.finished:  # a leading piece alone
+                        continue
+                    out = dataclasses.replace(out, prompt_logprobs=pieces.take())
                 if out.finished:
                     # The call is read to its end (the engine's handler returns right after its last message)
                     # before the last output goes on: a consumer that stops there would otherwise cancel a call

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splice.engine_output import FinishReason, Usage, finish_reason_to_pb
+from splice.prompt_logprobs import PromptLogprobs, split_messages
 from splice.v1 import common_pb2, preprocessor_pb2
 
 
@@ -21,12 +22,15 @@ class GenerationChunk:
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def final(self) -> bool:
         return self.finish_reason is not None
 
-    def to_pb(self) -> preprocessor_pb2.GenerationChunk:
+    def to_pb(self, prompt_logprobs: PromptLogprobs | None = None) -> preprocessor_pb2.GenerationChunk:
+        """`prompt_logprobs`: the piece this message carries (to_pbs), default the chunk's own."""
         # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
         pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs,
                                               top_token_ids=self.top_ids, top_logprobs=self.top_logprobs)
@@ -36,7 +40,16 @@ class GenerationChunk:
             pb.stop_reason = self.stop_reason
         if self.usage is not None:
             pb.usage.CopyFrom(self.usage.to_pb())
+        plp = prompt_logprobs or self.prompt_logprobs
+        if plp is not None:
+            pb.prompt_logprobs.CopyFrom(plp.to_pb())
         return pb
+
+    def to_pbs(self) -> list[preprocessor_pb2.GenerationChunk]:
+        """This chunk's messages: one, or with a long prompt's logprobs their leading pieces first, each alone
+        (splice/prompt_logprobs.py)."""
+        return split_messages(self.prompt_logprobs, self.to_pb,
+                              lambda piece: preprocessor_pb2.GenerationChunk(prompt_logprobs=piece.to_pb()))
 
 
 @dataclass(frozen=True)

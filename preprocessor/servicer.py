@@ -53,7 +53,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
         async with aclosing(core.chat(conv, sampling, request.request_id)) as chunks:
             async for chunk in chunks:
-                yield chunk.to_pb()
+                for pb in chunk.to_pbs():
+                    yield pb
 
     async def Complete(self, request: preprocessor_pb2.CompleteRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
@@ -63,7 +64,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         async with aclosing(core.complete(parts, sampling, request.request_id,
                                           add_special_tokens_from_pb(request))) as chunks:
             async for chunk in chunks:
-                yield chunk.to_pb()
+                for pb in chunk.to_pbs():
+                    yield pb
 
     async def Upload(self, request_iterator: AsyncIterator[preprocessor_pb2.UploadPart],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
@@ -95,7 +97,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
                                        add_special_tokens_from_pb(request))
             async with aclosing(chunks) as chunks:
                 async for chunk in chunks:
-                    yield chunk.to_pb()
+                    for pb in chunk.to_pbs():
+                        yield pb
         finally:
             for ticket in tickets:
                 ticket.release()

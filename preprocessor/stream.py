@@ -22,8 +22,8 @@ class EngineBackend(Protocol):
 async def stream_generation(request: EngineRequest, engine: EngineBackend, tokenizer,
                             drop_ids: Collection[int] = ()) -> AsyncIterator[GenerationChunk]:
     """One GenerationChunk per engine output: an output carrying several tokens (the engine merged the steps of
-    a reader that fell behind) becomes one chunk with their text merged. `drop_ids` (the sentinel IDs) are
-    streamed as IDs but never decoded to text."""
+    a reader that fell behind) becomes one chunk with their text merged; the prompt logprobs stay on the first.
+    `drop_ids` (the sentinel IDs) are streamed as IDs but never decoded to text."""
     sampling = request.sampling
     detok = IncrementalDetokenizer(tokenizer, sampling.skip_special_tokens, drop_ids)
     stops = StopMatcher(sampling.stop, sampling.include_stop_str_in_output)
@@ -44,7 +44,7 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                     # Returning closes `outputs`, which cancels the engine call: nothing more is needed.
                     yield GenerationChunk(text, out.token_ids, out.logprobs, FinishReason.STOP,
                                           Usage(request.prompt_len, produced + len(out.token_ids)), stops.matched,
-                                          out.top_ids, out.top_logprobs)
+                                          out.top_ids, out.top_logprobs, out.prompt_logprobs)
                     return
             produced += len(out.token_ids)
             if out.finish_reason is not None:
@@ -54,11 +54,11 @@ async def stream_generation(request: EngineRequest, engine: EngineBackend, token
                 usage = out.usage or Usage(request.prompt_len, produced)
                 reason = FinishReason.STOP if stops.matched is not None else out.finish_reason
                 yield GenerationChunk(text, out.token_ids, out.logprobs, reason, usage, stops.matched or "",
-                                      out.top_ids, out.top_logprobs)
+                                      out.top_ids, out.top_logprobs, out.prompt_logprobs)
                 return
             if out.token_ids:
                 yield GenerationChunk(text, out.token_ids, out.logprobs, top_ids=out.top_ids,
-                                      top_logprobs=out.top_logprobs)
+                                      top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs)
         raise Unavailable("the engine's stream ended without a final chunk")
     finally:
         await outputs.aclose()
@@ -75,5 +75,6 @@ def _push_with_stops(out: EngineOutput, detok: IncrementalDetokenizer, stops: St
         if stops.matched is not None:
             return "", GenerationChunk("".join(texts), out.token_ids[:i + 1], out.logprobs[:i + 1],
                                        FinishReason.STOP, Usage(prompt_len, produced + i + 1), stops.matched,
-                                       out.top_ids[:(i + 1) * k], out.top_logprobs[:(i + 1) * k])
+                                       out.top_ids[:(i + 1) * k], out.top_logprobs[:(i + 1) * k],
+                                       out.prompt_logprobs)
     return "".join(texts), None

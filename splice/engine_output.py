@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from splice.prompt_logprobs import PromptLogprobs, split_messages
 from splice.v1 import common_pb2, engine_pb2
 
 
@@ -65,6 +66,8 @@ class EngineOutput:
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    # with SamplingParams.prompt_logprobs: the prompt's, on the output carrying the first token
+    prompt_logprobs: PromptLogprobs | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:
@@ -88,20 +91,34 @@ class EngineOutput:
         last = outputs[-1]
         return cls(tuple(t for o in outputs for t in o.token_ids), tuple(lp for o in outputs for lp in o.logprobs),
                    last.finish_reason, last.usage, tuple(t for o in outputs for t in o.top_ids),
-                   tuple(lp for o in outputs for lp in o.top_logprobs))
+                   tuple(lp for o in outputs for lp in o.top_logprobs),
+                   next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None))
 
-    def to_pb(self) -> engine_pb2.GenerateResponse:
+    def to_pb(self, prompt_logprobs: PromptLogprobs | None = None) -> engine_pb2.GenerateResponse:
+        """`prompt_logprobs`: the piece this message carries (to_pbs), default the output's own."""
         pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs, top_token_ids=self.top_ids,
                                          top_logprobs=self.top_logprobs)
         if self.finish_reason is not None:
             pb.finish_reason = self.finish_reason.to_pb()
             if self.usage is not None:
                 pb.usage.CopyFrom(self.usage.to_pb())
+        plp = prompt_logprobs or self.prompt_logprobs
+        if plp is not None:
+            pb.prompt_logprobs.CopyFrom(plp.to_pb())
         return pb
+
+    def to_pbs(self) -> list[engine_pb2.GenerateResponse]:
+        """This output's messages: one, or with a long prompt's logprobs their leading pieces first, each alone
+        (splice/prompt_logprobs.py), so that none nears gRPC's message size limit."""
+        return split_messages(self.prompt_logprobs, self.to_pb,
+                              lambda piece: engine_pb2.GenerateResponse(prompt_logprobs=piece.to_pb()))
 
     @classmethod
     def from_pb(cls, pb: engine_pb2.GenerateResponse) -> EngineOutput:
+        """A message carrying a piece of a long prompt's logprobs gives it as it is; a receiver joins the pieces
+        (splice.prompt_logprobs.Pieces)."""
         finish = FinishReason.from_pb(pb.finish_reason)
         usage = Usage.from_pb(pb.usage) if finish is not None else None
+        plp = PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None
         return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage, tuple(pb.top_token_ids),
-                   tuple(pb.top_logprobs))
+                   tuple(pb.top_logprobs), plp)

@@ -18,6 +18,10 @@ from splice.model_info import ModelInfo
 from splice.sampling import SamplingParams
 from splice.tensors import FLOAT_DTYPES
 
+# vLLM's refusal (completions): supplied rows have no token whose logprob could be given.
+PROMPT_LOGPROBS_WITH_EMBEDS = ("prompt_logprobs is not compatible with prompt embeds: their positions have no token "
+                               "to score")
+
 
 def _at(where: object) -> str:
     return f"{where}: " if where else ""
@@ -139,6 +143,8 @@ def check_request(req: EngineRequest, info: ModelInfo, where: object = "token_id
     check_length(req.prompt_len, info)
     check_ids(req.token_ids, info, where)
     check_controls(req.sampling, info)
+    if req.sampling.prompt_logprobs is not None and req.embed_spans:
+        raise InvalidArgument(PROMPT_LOGPROBS_WITH_EMBEDS)
     return check_spans(req, info)
 
 

@@ -32,12 +32,15 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "min_tokens": (0, UINT32_MAX),  # uint32
     "logit_bias": (0, INT32_MAX),  # its keys: int32 token IDs
     "allowed_token_ids": (0, INT32_MAX),  # int32 token IDs
+    "prompt_logprobs": (0, 20),  # alternatives per prompt position (vLLM's default max_logprobs)
+    "logprob_token_ids": (0, INT32_MAX),  # int32 token IDs
 }
 PENALTY_RANGE = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)
 LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range)
 # bad_words: each word is tokenized twice (with and without a leading space), and every resulting sequence is
 # checked against each row's output at every step; vLLM's default cap (VLLM_MAX_NUM_BAD_WORDS) is the same.
 MAX_BAD_WORDS = 128
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
 
 
 def _pairs(bias: Mapping[int, float] | tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
@@ -71,11 +74,18 @@ class SamplingParams:
     # each is banned when the output so far ends with the others
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False  # the matched stop string ends the returned text
+    # --- prompt logprobs and chosen logprobs (vLLM's) ---
+    # [0, 20]: the logprob and rank of every prompt token and this many most likely tokens at each prompt position,
+    # computed in the request's own prefill (engine/prompt_logprobs.py); None = off
+    prompt_logprobs: int | None = None
+    # with logprobs: the logprobs of exactly these tokens at each step, instead of the top_logprobs most likely
+    logprob_token_ids: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _pairs(self.logit_bias))
         object.__setattr__(self, "bad_words_token_ids", tuple(tuple(s) for s in self.bad_words_token_ids))
+        object.__setattr__(self, "logprob_token_ids", tuple(self.logprob_token_ids))
         if not (self.temperature >= 0.0) or self.temperature > 100.0:  # `not >=` also catches NaN
             raise InvalidArgument(f"sampling.temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -98,6 +108,9 @@ class SamplingParams:
         _check_range("top_logprobs", self.top_logprobs)
         if self.top_logprobs and not self.logprobs:
             raise InvalidArgument("sampling.top_logprobs needs logprobs set")
+        if self.prompt_logprobs is not None:
+            _check_range("prompt_logprobs", self.prompt_logprobs)
+        self._check_logprob_token_ids()
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -PENALTY_RANGE <= value <= PENALTY_RANGE:  # (NaN fails every comparison)
@@ -131,6 +144,28 @@ class SamplingParams:
                 raise InvalidArgument(f"sampling.bad_words_token_ids[{i}] must be nonempty token IDs >= 0, got "
                                       f"{list(ids)}")
 
+    def _check_logprob_token_ids(self) -> None:
+        ids = self.logprob_token_ids
+        if not ids:
+            return
+        if not self.logprobs:
+            raise InvalidArgument("sampling.logprob_token_ids needs logprobs set")
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise InvalidArgument(f"sampling.logprob_token_ids holds {len(ids)} token IDs; at most "
+                                  f"{MAX_LOGPROB_TOKEN_IDS}")
+        for i, t in enumerate(ids):
+            _check_range("logprob_token_ids", t, f"[{i}]")
+        if self.top_logprobs not in (0, len(ids)):  # vLLM's rule when both are set
+            raise InvalidArgument(f"sampling.top_logprobs must be 0 or len(logprob_token_ids) ({len(ids)}) when "
+                                  f"logprob_token_ids is set, got {self.top_logprobs}")
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """The prefix cache must not serve this request's prompt from cached positions (vLLM's rule and name):
+        prompt logprobs are computed from the prompt's own forward, position by position, so every position must
+        run. The prefix cache (a later issue) checks this before it looks up a prefix."""
+        return self.prompt_logprobs is not None
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
@@ -148,7 +183,8 @@ class SamplingParams:
     def token_ids(self) -> dict[str, list[int]]:
         """Every token ID the controls name, by field: what must index the engine's vocabulary."""
         return {"logit_bias": [t for t, _ in self.logit_bias], "allowed_token_ids": list(self.allowed_token_ids),
-                "bad_words": [t for s in self.bad_words_token_ids for t in s]}
+                "bad_words": [t for s in self.bad_words_token_ids for t in s],
+                "logprob_token_ids": list(self.logprob_token_ids)}
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -174,6 +210,8 @@ class SamplingParams:
             bad_words=tuple(pb.bad_words),
             bad_words_token_ids=tuple(tuple(s.ids) for s in pb.bad_words_token_ids),
             include_stop_str_in_output=pb.include_stop_str_in_output,
+            prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
+            logprob_token_ids=tuple(pb.logprob_token_ids),
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -196,7 +234,10 @@ class SamplingParams:
             bad_words=list(self.bad_words),
             bad_words_token_ids=[common_pb2.TokenSequence(ids=list(s)) for s in self.bad_words_token_ids],
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logprob_token_ids=list(self.logprob_token_ids),
         )
+        if self.prompt_logprobs is not None:
+            pb.prompt_logprobs = self.prompt_logprobs
         if self.seed is not None:
             pb.seed = self.seed
         if self.max_tokens is not None:

@@ -37,6 +37,8 @@ def test_every_control_flag_reaches_sampling_params():
     assert p.allowed_token_ids == (1, 2, 3) and p.stop_token_ids == (9,) and p.ignore_eos
     assert not p.skip_special_tokens and p.logprobs and p.top_logprobs == 5  # (top_logprobs implies logprobs)
     assert SamplingParams(**_sampling("--logprobs")).logprobs
+    p = SamplingParams(**_sampling("--prompt-logprobs", "0", "--logprob-token-ids", "4,5"))
+    assert p.prompt_logprobs == 0 and p.logprob_token_ids == (4, 5) and p.logprobs  # (the list implies logprobs)
 
 
 def test_every_chat_field_flag_reaches_the_chat_request():
@@ -62,3 +64,17 @@ def test_a_malformed_flag_is_a_usage_error(capsys, flags, needle):
     with pytest.raises(SystemExit) as exit_:
         _args(*flags)
     assert exit_.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_prompt_logprobs_are_printed_per_prompt_token(capsys):
+    from app.cli import _print_prompt_logprobs
+    from clients.types import Chunk
+    from splice.prompt_logprobs import PromptLogprobs
+
+    plp = PromptLogprobs((7, 8, 9), (-1.5, -0.25), (3, 1), (4, 8), (-0.5, -0.25))
+    _print_prompt_logprobs([Chunk("a", (1,), prompt_logprobs=plp), Chunk("b", (2,))])
+    assert capsys.readouterr().err.splitlines() == [
+        "prompt token 7 (first: no logprob)",
+        "prompt token 8 logprob=-1.5000 rank=3  top: 4:-0.5000",
+        "prompt token 9 logprob=-0.2500 rank=1  top: 8:-0.2500",
+    ]

@@ -14,7 +14,7 @@ position_dims (1, or 3 for M-RoPE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -36,6 +36,10 @@ class Prompt:
     image_mask: torch.Tensor  # [P] bool; positions holding image features
     span_mask: torch.Tensor  # [P] bool; positions holding supplied prompt_embeds rows
     positions: torch.Tensor  # [D, P] long position ids
+    # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not);
+    # the scores of the forwards so far wait in `logprob_pieces` (engine/prompt_logprobs.py)
+    prompt_logprobs: int | None = None
+    logprob_pieces: list = field(default_factory=list)
 
     @property
     def next_position(self) -> int:
@@ -229,7 +233,7 @@ class ModelFamily:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
                                                                                    dtype=self.dtype)
         positions = self.prompt_positions(ids, image_mask, inputs)
-        return Prompt(embeds, ids, image_mask, span_mask, positions)
+        return Prompt(embeds, ids, image_mask, span_mask, positions, req.sampling.prompt_logprobs)
 
     def prompt_positions(self, ids: torch.Tensor, image_mask: torch.Tensor,
                          inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preprocessor.admission import Admission
-from preprocessor.content import Conversation
+from preprocessor.content import Conversation, PromptPart, Text, TokenIds
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
@@ -60,6 +60,15 @@ async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | To
     return await fetch_remote_images(conv, options, core.limits.max_image_bytes)
 
 
+def _echo_prompts(core: PreprocessorCore, body: CompletionRequest, prompts: list[list[PromptPart]]) -> list[str]:
+    """Each prompt's text as `echo` returns it, as vLLM's: a text prompt as sent, token IDs decoded (special tokens
+    kept); "" with return_token_ids (vLLM's: the IDs say it)."""
+    if body.return_token_ids:
+        return [""] * len(prompts)
+    return ["".join(p.text if isinstance(p, Text) else core.detokenize(p.ids, False) if isinstance(p, TokenIds)
+                    else "" for p in prompt) for prompt in prompts]
+
+
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
     """What stays open when a key is set, besides /health: metrics and the API docs, each when its flag says so."""
     paths = ["/metrics"] if options.open_metrics else []
@@ -88,12 +97,14 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         sampling = convert.chat_sampling(body)
         convert.check_served(body)
         conv = await _conversation(core, body, options)
+        sampling = convert.conversation_prompt_logprobs(body, conv, sampling)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
         shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
                           prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
-                          role=convert.answer_role(body), echo=convert.echoed(body))
+                          listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
+                          echo=convert.echoed(body))
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
@@ -110,7 +121,10 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
         shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
-                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None)
+                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                      listed=bool(sampling.logprob_token_ids),
+                      echo_prompts=_echo_prompts(core, body, prompts) if body.echo else None,
+                      echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)

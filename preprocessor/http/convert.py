@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -37,6 +38,7 @@ from preprocessor.http.schemas import (
 )
 from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
+from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
 from splice.sampling import SamplingParams
 
 # A prompt_embeds string with this prefix carries a safetensors file (base64) instead of vLLM's torch.save.
@@ -158,7 +160,7 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 # unset and null) that leave it off. Any other value is refused rather than the request served without it.
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
-    "prompt_logprobs": (), "truncate_prompt_tokens": (),
+    "truncate_prompt_tokens": (),
     "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
     "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
@@ -166,7 +168,9 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> SamplingParams:
+def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int,
+            **controls: Any) -> SamplingParams:
+    """`controls`: SamplingParams fields each endpoint works out itself (prompt_logprobs, logprob_token_ids)."""
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
     for name, off in UNHONOURED.items():
@@ -196,22 +200,69 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         allowed_token_ids=tuple(body.allowed_token_ids or ()),
         bad_words=tuple(body.bad_words or ()),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        **controls,
     )
 
 
+def _check_prompt_logprobs(body: GenerationFields) -> None:
+    """vLLM's rule: a streamed answer has no place for them (0 passes: nothing to return)."""
+    if body.stream and body.prompt_logprobs:
+        raise InvalidArgument("prompt_logprobs are not available when stream is true (vLLM's rule); ask for them "
+                              "without streaming")
+
+
 def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
+    """vLLM's: logprob_token_ids (with logprobs) replace the top_logprobs most likely; echo asks for the prompt's
+    logprobs too (top_logprobs alternatives) unless prompt_logprobs says how many (conversation_prompt_logprobs)."""
     if body.top_logprobs and not body.logprobs:
         raise InvalidArgument("top_logprobs needs logprobs: true")
+    if body.logprob_token_ids and not body.logprobs:
+        raise InvalidArgument("logprob_token_ids needs logprobs: true")
+    _check_prompt_logprobs(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _common(body, max_tokens, body.logprobs, body.top_logprobs or 0)
+    prompt_logprobs = body.prompt_logprobs
+    if prompt_logprobs is None and body.echo:
+        prompt_logprobs = body.top_logprobs or 0
+    listed = tuple(body.logprob_token_ids or ())
+    return _common(body, max_tokens, body.logprobs, 0 if listed else body.top_logprobs or 0,
+                   prompt_logprobs=prompt_logprobs, logprob_token_ids=listed)
+
+
+def conversation_prompt_logprobs(body: ChatCompletionRequest, conv: Conversation,
+                                 sampling: SamplingParams) -> SamplingParams:
+    """`sampling` for `conv`: the prompt logprobs that `echo` alone asks for (vLLM's quirk) are not computed for a
+    conversation with prompt embeddings, which have no tokens to score; asked for explicitly, they are refused."""
+    if body.prompt_logprobs is None and sampling.prompt_logprobs is not None and conv.parts(Embeds):
+        return dataclasses.replace(sampling, prompt_logprobs=None)
+    return sampling
 
 
 def completion_sampling(body: CompletionRequest) -> SamplingParams:
-    if body.echo:
-        raise InvalidArgument("echo is not supported")
+    """vLLM's: echo with logprobs asks for the prompt's logprobs (`logprobs` alternatives) unless prompt_logprobs
+    says how many; max_tokens 0 only with echo (one token is generated and not returned); logprob_token_ids (with
+    logprobs) replace the `logprobs` most likely."""
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
-    return _common(body, body.max_tokens, body.logprobs is not None, body.logprobs or 0)
+    embeds = body.prompt_embeds is not None and body.prompt_embeds != []
+    if body.echo and embeds:
+        raise InvalidArgument("echo is not supported with prompt_embeds (vLLM's rule: they have no text)")
+    if body.prompt_logprobs is not None and embeds:
+        raise InvalidArgument(PROMPT_LOGPROBS_WITH_EMBEDS)
+    if body.logprob_token_ids:
+        if body.logprobs is None:
+            raise InvalidArgument("logprob_token_ids needs logprobs set")
+        if body.echo and body.max_tokens == 0:
+            raise InvalidArgument("logprob_token_ids is not supported with echo and max_tokens 0: no token is "
+                                  "generated")
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidArgument("max_tokens must be at least 1 (0 only with echo), got 0")
+    _check_prompt_logprobs(body)
+    prompt_logprobs = body.prompt_logprobs
+    if prompt_logprobs is None and body.echo:
+        prompt_logprobs = body.logprobs
+    listed = tuple(body.logprob_token_ids or ())
+    return _common(body, 1 if body.max_tokens == 0 else body.max_tokens, body.logprobs is not None,
+                   0 if listed else body.logprobs or 0, prompt_logprobs=prompt_logprobs, logprob_token_ids=listed)
 
 
 # vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not
@@ -223,7 +274,6 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
 NOT_SERVED: dict[str, tuple[Any, ...]] = {
     "cache_salt": (),  # until the prefix cache honours it
     "priority": (0,),
-    "logprob_token_ids": (),
     "thinking_token_budget": (),
     "repetition_detection": (),
     "media_io_kwargs": ({},),

@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from preprocessor.http.logprobs import clamp, completion_logprobs, output_steps, prompt_logprobs_json, prompt_steps
 from preprocessor.outputs import GenerationChunk
 from splice.engine_output import Usage
+from splice.prompt_logprobs import PromptLogprobs
 
 TokenTexts = Callable[[Sequence[int]], list[str]]  # token IDs -> each token's own text (for logprobs)
 
@@ -41,6 +43,7 @@ class Collected:
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
     last: GenerationChunk | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
@@ -49,11 +52,13 @@ class Collected:
         self.logprobs += chunk.logprobs
         self.top_ids += chunk.top_ids
         self.top_logprobs += chunk.top_logprobs
+        self.prompt_logprobs = self.prompt_logprobs or chunk.prompt_logprobs
         self.last = chunk
 
     def joined(self) -> GenerationChunk:
         return GenerationChunk("".join(self.text), tuple(self.token_ids), tuple(self.logprobs),
-                               top_ids=tuple(self.top_ids), top_logprobs=tuple(self.top_logprobs))
+                               top_ids=tuple(self.top_ids), top_logprobs=tuple(self.top_logprobs),
+                               prompt_logprobs=self.prompt_logprobs)
 
 
 @dataclass
@@ -68,7 +73,15 @@ class Shape:
     created: int = field(default_factory=lambda: int(time.time()))
     # return_token_ids: each choice's prompt IDs as the engine got them (then each chunk carries its token IDs)
     prompt_ids: Sequence[Sequence[int]] | None = None
+    # logprob_token_ids: each token's alternatives are those tokens (all shown), not the most likely
+    listed: bool = False
+    # completions `echo`: each choice's prompt text, which its text starts with (and its tokens' logprobs, from the
+    # prompt logprobs, start its logprobs); None = no echo. `echo_only`: max_tokens 0, the prompt alone
+    echo_prompts: Sequence[str] | None = None
+    echo_only: bool = False
+    shown: int = 1  # completions: entries of each position's top_logprobs, vLLM's `logprobs` + 1
     _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
+    _sent: dict[int, int] = field(default_factory=dict)  # choice -> characters of text streamed (text_offset)
 
     id_prefix = "cmpl-"
     object_name = "text_completion"
@@ -98,8 +111,9 @@ class Shape:
 
     def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
         """The SSE chunk for one GenerationChunk of choice `index`; None when it carries nothing to send."""
+        echoing = self.echo_prompts is not None and index not in self._opened
         if not chunk.text and not chunk.final and not (self.logprobs and chunk.logprobs) and \
-                not (self.return_token_ids and chunk.token_ids):
+                not (self.return_token_ids and chunk.token_ids) and not echoing:
             return None
         choice = self._delta_choice(index, chunk)
         choice.update(finish_reason=_reason(chunk), stop_reason=(chunk.stop_reason or None) if chunk.final else None)
@@ -134,29 +148,38 @@ class Shape:
         return [list(zip(texts[i * k:(i + 1) * k], piece.top_logprobs[i * k:(i + 1) * k], strict=True))
                 for i in range(n)]
 
-    def _logprobs(self, piece: GenerationChunk) -> dict | None:
-        """OpenAI's completions logprobs: top_logprobs maps the chosen token and the `logprobs` most likely to their
-        logprobs (vLLM's N or N + 1 entries; fewer when tokens share a text, the chosen one's logprob kept)."""
+    def _text(self, index: int, piece: GenerationChunk, echo: bool) -> str:
+        if not echo:
+            return piece.text
+        prompt = self.echo_prompts[index]
+        return prompt if self.echo_only else prompt + piece.text
+
+    def _logprobs(self, piece: GenerationChunk, echo: bool = False, offset: int = 0) -> dict | None:
+        """OpenAI's completions logprobs as vLLM makes them (http/logprobs.py): with `echo`, the prompt's tokens
+        first (the first without a logprob), then the generated ones (none with echo_only)."""
         if not self.logprobs:
             return None
-        tokens = self.token_texts(piece.token_ids)
-        offsets, at = [], 0
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
-        tops = [{**dict(alternatives), t: lp}
-                for t, lp, alternatives in zip(tokens, piece.logprobs, self._tops(piece), strict=False)]
-        return {"tokens": tokens, "token_logprobs": list(piece.logprobs), "top_logprobs": tops, "text_offset": offsets}
+        steps = prompt_steps(piece.prompt_logprobs) if echo and piece.prompt_logprobs is not None else []
+        if not (echo and self.echo_only):
+            steps += output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
+        return completion_logprobs(steps, self.token_texts, None if self.listed else self.shown, offset)
 
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
-        choice = {"index": index, "text": whole.text, "logprobs": self._logprobs(whole),
-                  "prompt_logprobs": None}  # (vLLM's field; prompt_logprobs are refused, convert.py)
+        echo = self.echo_prompts is not None
+        choice = {"index": index, "text": self._text(index, whole, echo), "logprobs": self._logprobs(whole, echo),
+                  "prompt_logprobs": prompt_logprobs_json(whole.prompt_logprobs, self.token_texts)}
         if self.prompt_ids is not None:
             choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(whole.token_ids))
         return choice
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
-        return {"index": index, "text": chunk.text, "logprobs": self._logprobs(chunk)}
+        """With echo, a choice's first chunk starts with the prompt (its text, and its tokens' logprobs) as vLLM's;
+        text_offset counts the text streamed before."""
+        echo = self.echo_prompts is not None and index not in self._opened
+        text = self._text(index, chunk, echo)
+        sent = self._sent.get(index, 0)
+        self._sent[index] = sent + len(text)
+        return {"index": index, "text": text, "logprobs": self._logprobs(chunk, echo, sent)}
 
 
 @dataclass
@@ -170,6 +193,9 @@ class ChatShape(Shape):
 
     def response(self, collected: Sequence[Collected]) -> dict:
         body = super().response(collected)
+        # vLLM's: on the response, not the choice (null when not asked)
+        body["prompt_logprobs"] = prompt_logprobs_json(collected[0].prompt_logprobs if collected else None,
+                                                       self.token_texts)
         if self.prompt_ids is not None:
             body["prompt_token_ids"] = list(self.prompt_ids[0])
         return body
@@ -193,14 +219,21 @@ class ChatShape(Shape):
     def _stream_extras(self, body: dict, index: int, first: bool) -> None:
         pass  # the prompt's IDs went out with the role
 
-    def _logprobs(self, piece: GenerationChunk) -> dict | None:
-        """OpenAI's chat logprobs: each token with its `top_logprobs` most likely alternatives, most likely first."""
+    def _logprobs(self, piece: GenerationChunk, echo: bool = False, offset: int = 0) -> dict | None:
+        """OpenAI's chat logprobs: each token with its `top_logprobs` most likely alternatives, most likely first;
+        with logprob_token_ids, vLLM's: the chosen token, then the listed ones (each ID once)."""
         if not self.logprobs:
             return None
+        if self.listed:
+            steps = output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
+            ids = [i for _, _, items in steps for i, _ in items]
+            text = dict(zip(ids, self.token_texts(ids), strict=True))
+            tops = [[(text[i], clamp(v)) for i, v in items] for _, _, items in steps]
+        else:
+            tops = self._tops(piece)
         content = [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                    "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in tops]}
-                   for t, lp, tops in zip(self.token_texts(piece.token_ids), piece.logprobs, self._tops(piece),
-                                          strict=False)]
+                    "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in alts]}
+                   for t, lp, alts in zip(self.token_texts(piece.token_ids), piece.logprobs, tops, strict=False)]
         return {"content": content}
 
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:

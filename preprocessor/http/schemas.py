@@ -16,7 +16,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from preprocessor.template_args import REASONING_EFFORTS
-from splice.sampling import INT32_MAX, INT_RANGES, LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE
+from splice.sampling import (
+    INT32_MAX,
+    INT_RANGES,
+    LOGIT_BIAS_RANGE,
+    MAX_BAD_WORDS,
+    MAX_LOGPROB_TOKEN_IDS,
+    PENALTY_RANGE,
+    UINT32_MAX,
+)
 
 
 def _in(low: int, high: int) -> Any:
@@ -31,6 +39,8 @@ TokenId = Annotated[int, _in(0, INT32_MAX)]  # int32 on the wire; the engine's v
 Count = Annotated[int, _in(0, INT32_MAX)]  # n: its exact rule is convert.py's, with a clearer message
 TopLogprobs = Annotated[int, _in(*INT_RANGES["top_logprobs"])]
 MinTokens = Annotated[int, _in(*INT_RANGES["min_tokens"])]
+PromptLogprobsCount = Annotated[int, _in(*INT_RANGES["prompt_logprobs"])]  # vLLM: -1 would be the whole vocabulary,
+# more than its max_logprobs (20): refused there too
 GeometryInt = Annotated[int, Strict(), _in(0, INT32_MAX)]  # an image_embeds geometry value (JSON true is no 1)
 ReasoningEffort = Literal[REASONING_EFFORTS]  # (a tuple subscript: Literal["none", "minimal", ...])
 
@@ -168,6 +178,9 @@ class GenerationFields(_Request):
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
     include_stop_str_in_output: bool | None = False
+    # prompt logprobs and chosen logprobs (vLLM's; convert.py applies their rules)
+    prompt_logprobs: PromptLogprobsCount | None = None  # per prompt position: its token's logprob, rank, k most likely
+    logprob_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_LOGPROB_TOKEN_IDS)
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -191,6 +204,7 @@ class ChatCompletionRequest(GenerationFields):
 class CompletionRequest(GenerationFields):
     # text, token IDs, or a one-element list of either (OpenAI's batch form, one prompt only)
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]] | None = None
+    max_tokens: Annotated[int, _in(0, UINT32_MAX)] | None = None  # 0: only with echo (the prompt alone, vLLM's)
     prompt_embeds: str | list[str] | None = None  # vLLM: base64 of torch.save(tensor); "safetensors:" + base64
     logprobs: TopLogprobs | None = None  # the chosen token's and this many most likely
     echo: bool = False

@@ -70,8 +70,13 @@ class FamilyCase:
                         tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """HF's forward on the same inputs_embeds [P, hidden] (image positions hold the image token's row, which
         HF replaces with its own features) -> last-position logits [vocab]."""
+        return self.hf_logits(model, ids, embeds, tensors)[-1]
+
+    def hf_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                  tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """As hf_first_logits, every position's: [P, vocab]."""
         with torch.inference_mode():
-            return model(inputs_embeds=embeds[None], **tensors).logits[0, -1].float()
+            return model(inputs_embeds=embeds[None], **tensors).logits[0].float()
 
 
 def image_token_types(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -87,24 +92,24 @@ class Gemma3Case(FamilyCase):
                     n: int) -> list[int]:
         return super().hf_generate(model, ids, {**tensors, "token_type_ids": image_token_types(model, ids)}, n)
 
-    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
-                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        return super().hf_first_logits(model, ids, embeds, {**tensors, "token_type_ids": image_token_types(model, ids)})
+    def hf_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                  tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super().hf_logits(model, ids, embeds, {**tensors, "token_type_ids": image_token_types(model, ids)})
 
 
 @dataclass(frozen=True)
 class Gemma4Case(FamilyCase):
     """Gemma 4 reads the IDs as well as the rows (per-layer inputs): HF's forward from inputs_embeds needs them."""
 
-    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
-                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    def hf_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                  tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """HF's forward on the same inputs_embeds and the per-layer inputs of the same IDs, with the pad at image
         positions as HF's own forward from input_ids puts it (span positions hold the preprocessor's filler)."""
         text = torch.tensor(ids)
         text = torch.where(text == model.config.image_token_id, model.config.text_config.pad_token_id, text)
         with torch.inference_mode():
             per_layer = model.model.language_model.get_per_layer_inputs(text[None])
-            return model(inputs_embeds=embeds[None], per_layer_inputs=per_layer, **tensors).logits[0, -1].float()
+            return model(inputs_embeds=embeds[None], per_layer_inputs=per_layer, **tensors).logits[0].float()
 
 
 @dataclass(frozen=True)
@@ -121,12 +126,12 @@ class MRopeCase(FamilyCase):
         extra = {"mm_token_type_ids": self._types(model, ids)} if tensors else {}
         return super().hf_generate(model, ids, {**tensors, **extra}, n)
 
-    def hf_first_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
-                        tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    def hf_logits(self, model: torch.nn.Module, ids: list[int], embeds: torch.Tensor,
+                  tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         positions, _ = model.model.get_rope_index(torch.tensor([ids]), self._types(model, ids),
                                                   image_grid_thw=tensors.get("image_grid_thw"))  # [3, 1, P]
         with torch.inference_mode():
-            return model(inputs_embeds=embeds[None], position_ids=positions, **tensors).logits[0, -1].float()
+            return model(inputs_embeds=embeds[None], position_ids=positions, **tensors).logits[0].float()
 
 
 CASES: tuple[FamilyCase, ...] = (

@@ -33,16 +33,18 @@ def _requests(case: FamilyCase, model_dir) -> list:
     rows = torch.randn(3, hidden, generator=torch.Generator().manual_seed(5)) * 0.05
     text = text_request(random_ids(12, seed=3), "text", max_tokens=30, logprobs=True)
     if not case.images:
-        # and a prompt long enough to be prefilled in parts while the others decode (every rank, every part)
+        # and a prompt long enough to be prefilled in parts while the others decode (every rank, every part), with
+        # its prompt logprobs (scored on every rank, in lockstep)
         return [text, with_embed_span(random_ids(10, seed=4), {}, 4, rows, max_tokens=10, logprobs=True),
-                text_request(random_ids(1300, seed=6), "long", max_tokens=6, logprobs=True)]
+                text_request(random_ids(1300, seed=6), "long", max_tokens=6, logprobs=True, prompt_logprobs=2)]
     ids, tensors = case.inputs(model_dir)
     mixed = with_embed_span(ids, tensors, 2, rows, max_tokens=10, logprobs=True)
     return [text, mixed]
 
 
 async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float]]]:
-    """All at once, except a long last request (tiny-text's), which arrives once the others stream."""
+    """All at once, except a long last request (tiny-text's), which arrives once the others stream. The logprobs:
+    the chosen tokens', then the prompt's where asked."""
     client = EngineClient(address)
     streaming = asyncio.Event()
 
@@ -53,7 +55,7 @@ async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float
         async for out in client.generate(req):
             streaming.set()
             toks += out.token_ids
-            lps += list(out.logprobs or [])
+            lps += list(out.logprobs or []) + list(out.prompt_logprobs.logprobs if out.prompt_logprobs else [])
         return toks, lps
 
     try:
@@ -68,7 +70,8 @@ async def _solo(folder, reqs: list) -> list[tuple[list[int], list[float]]]:
         outs = []
         for req in reqs:
             toks, chunks = await collect(engine, req)
-            outs.append((toks, [lp for c in chunks for lp in (c.logprobs or [])]))
+            outs.append((toks, [lp for c in chunks for lp in (*c.logprobs, *(
+                c.prompt_logprobs.logprobs if c.prompt_logprobs else ()))]))
         return outs
     finally:
         engine.stop()

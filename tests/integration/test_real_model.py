@@ -106,6 +106,27 @@ def test_greedy_tokens_and_logprobs_equal_hf_over_grpc(client, hf_answers):
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4), prompt
 
 
+def test_prompt_logprobs_equal_hf_over_grpc_and_http(client, real_stack, tok, hf):
+    """Every prompt token's logprob, rank and 5 most likely equal log_softmax of HF's forward on the same IDs; the
+    HTTP face's echo gives the same values (vLLM's completions shape)."""
+    prompt = tok.apply_chat_template(_chat(PROMPTS[0]), add_generation_prompt=True, tokenize=False)
+    chunks = list(client.complete([prompt], temperature=0.0, max_tokens=1, prompt_logprobs=5,
+                                  add_special_tokens=False))
+    got = chunks[0].prompt_logprobs
+    with torch.inference_mode():
+        want = hf(input_ids=torch.tensor([got.token_ids])).logits[0].float().log_softmax(-1)[:-1]  # [P - 1, vocab]
+    targets = torch.tensor(got.token_ids[1:])
+    picked = want.gather(1, targets[:, None])[:, 0]
+    assert list(got.logprobs) == pytest.approx(picked.tolist(), abs=1e-4)
+    assert list(got.ranks) == (want >= picked[:, None]).sum(-1).tolist()
+    assert list(got.top_logprobs) == pytest.approx(want.topk(5).values.flatten().tolist(), abs=1e-4)
+    api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none")
+    echoed = api.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=5,
+                                    extra_body={"add_special_tokens": False})
+    assert echoed.choices[0].text == prompt
+    assert echoed.choices[0].logprobs.token_logprobs == pytest.approx([None, *picked.tolist()], abs=1e-4)
+
+
 def test_the_capital_of_france(client):
     _, _, text = _splice(client, _chat("What is the capital of France?"))
     assert "Paris" in text

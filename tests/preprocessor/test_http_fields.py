@@ -131,6 +131,8 @@ def test_sampling_params_refuse_what_protobuf_cannot_hold():
     def fields(name: str, value: int) -> dict:
         if name in ("stop_token_ids", "allowed_token_ids"):
             return {name: (value,)}
+        if name == "logprob_token_ids":
+            return {name: (value,), "logprobs": True}
         if name == "logit_bias":
             return {name: ((value, 1.0),)}
         return {name: value, "logprobs": True} if name == "top_logprobs" else {name: value}

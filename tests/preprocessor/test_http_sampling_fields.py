@@ -12,7 +12,7 @@ from splice.errors import InvalidArgument
 
 ASKING = {  # a value of each field that asks for something
     "length_penalty": 0.8, "best_of": 2, "use_beam_search": True, "spaces_between_special_tokens": False,
-    "prompt_logprobs": 1, "truncate_prompt_tokens": 8,
+    "truncate_prompt_tokens": 8,
     "logits_processors": ["x"], "response_format": {"type": "json_object"},
     "structured_outputs": {"json": {}}, "guided_json": {"type": "object"}, "guided_regex": "a+",
     "guided_choice": ["a", "b"], "guided_grammar": "root ::= 'a'",

@@ -46,7 +46,7 @@ INERT = {
     "parallel_tool_calls": "acts on tool calls; tools are refused",
 }
 ASKING = {  # a value of each NOT_SERVED field that asks for something
-    "cache_salt": "tenant-a", "priority": 5, "logprob_token_ids": [1, 2], "thinking_token_budget": 64,
+    "cache_salt": "tenant-a", "priority": 5, "thinking_token_budget": 64,
     "repetition_detection": {"max_pattern_size": 8}, "media_io_kwargs": {"image": {"mode": "L"}},
     "truncation_side": "left", "watermarking": True, "return_tokens_as_token_ids": True, "return_token_offsets": True,
     "return_prompt_text": True, "return_weight_versions": True, "return_mm_kwargs": True, "mm_payload": "none",
