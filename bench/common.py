@@ -1,7 +1,7 @@
 """What the bench scripts share: their command line (the docstring as help, --model, --repeats, --quick), their
-inputs (prompts of ordinary token IDs, a noise picture), HF's static batch as a baseline, the sides of an A/B
-measured in turns, and how a figure is printed beside its baseline: median [min..max] over the repeats of one run
-and their ratio."""
+inputs (prompts of ordinary token IDs, a noise picture), HF's static batch as a baseline, the median call, the
+sides of an A/B measured in turns, and how a figure is printed beside its baseline: median [min..max] over the
+repeats of one run and their ratio per repeat."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class BenchParser(argparse.ArgumentParser):
     def __init__(self, doc: str, quick: Mapping[str, object]) -> None:
         super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         self.quick = dict(quick)
-        spelled = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in self.quick.items())
+        spelled = " ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                           for k, v in self.quick.items())
         self.add_argument("--quick", action="store_true", help=f"the smallest settings: {spelled}")
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):  # type: ignore[override]
@@ -33,13 +34,18 @@ class BenchParser(argparse.ArgumentParser):
 
 
 def bench_parser(doc: str, *, quick: Mapping[str, object], model: str | None = "tiny-text",
-                 repeats: int | None = 3) -> BenchParser:
-    """The parser every bench script starts from: --model and --repeats (None: the script takes no such option)."""
+                 repeats: int | None = 3, **options: int | float | str | list) -> BenchParser:
+    """The parser every bench script starts from: --model and --repeats (None: the script takes no such option), and
+    one option per keyword of `options` (rows=64: `--rows`, an int defaulting to 64; a list: one or more values)."""
     parser = BenchParser(doc, quick)
     if model is not None:
         parser.add_argument("--model", default=model, help="a tiny model's name, a folder or an HF id")
     if repeats is not None:
         parser.add_argument("--repeats", type=int, default=repeats, help="measurements of each side")
+    for name, default in options.items():
+        many = isinstance(default, list)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default[0] if many else default),
+                            nargs="+" if many else None, default=default)
     return parser
 
 
@@ -119,20 +125,10 @@ def spread(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.4g} [{min(values):.4g}..{max(values):.4g}]"
 
 
-def report(what: str, ours: Sequence[float], base: Sequence[float], unit: str, ratio_of: str = "ours/base") -> float:
-    """Prints one figure beside its baseline; the ratio is median(ours) / median(base) (or its inverse for
-    'base/ours')."""
-    o, b = statistics.median(ours), statistics.median(base)
-    ratio = o / b if ratio_of == "ours/base" else b / o
-    print(f"{what}: ours {spread(ours)} {unit} | baseline {spread(base)} {unit} | {ratio_of} {ratio:.2f} "
-          f"(n={len(ours)})", flush=True)
-    return ratio
-
-
-def report_paired(what: str, ours: Sequence[float], base: Sequence[float], unit: str) -> float:
-    """As `report`, for a baseline measured inside the same repeat as ours: the ratio is taken per repeat
-    (ours[i] / base[i]) and printed as median [min..max] of those ratios, so a slow repeat does not pair its
-    figure with another repeat's baseline."""
+def report(what: str, ours: Sequence[float], base: Sequence[float], unit: str) -> float:
+    """Prints one figure beside its baseline, both measured in the same repeats (`in_turns`): each as median
+    [min..max], and the ratio taken per repeat (ours[i] / base[i]) and printed as median [min..max] of those
+    ratios, so a slow repeat does not pair its figure with another repeat's baseline. Returns the median ratio."""
     ratios = [o / b for o, b in zip(ours, base, strict=True)]
     ratio = statistics.median(ratios)
     print(f"{what}: ours {spread(ours)} {unit} | baseline {spread(base)} {unit} | ours/base per repeat "

@@ -1,16 +1,5 @@
-"""Faults against a stack run by `splice up` (tests/harness/faults.py's scenarios), with figures:
-
-  kill9         engine SIGKILL mid-stream: every running stream ends UNAVAILABLE (target: within 2 s), splice up
-                restarts the engine, the next request succeeds.
-  sigstop       engine SIGSTOP mid-stream (a hung host): what running streams and a new request see and when;
-                SIGCONT: the engine is the same process (nothing restarted) and serves again.
-  preprocessor  preprocessor SIGKILL mid-stream: streams end UNAVAILABLE, splice up restarts it on its port, the
-                next request succeeds as fast as before (the aborted sequences do not linger in the engine).
-  hostile       normal traffic (bench/soak.py's mixed workload) measured clean, then again beside hostile traffic:
-                request templates that would run for hours (rendered under a time budget), silent Generate
-                streams to the engine and silent Upload streams to the preprocessor that declare large tensors,
-                oversized uploads. Prints both p99 latencies and their ratio (target: within 2x) and what
-                each kind of hostile request was answered.
+"""Faults against a stack run by `splice up` (its supervision is part of what is tested), with figures: the
+scenarios of tests/harness/faults.py (listed below), each printed with its figures and whether its outcomes held.
 
     python -m bench.faults [--only kill9,sigstop,preprocessor,hostile] [--streams 8] [--seconds 30] [--quick]
 
@@ -25,11 +14,12 @@ import sys
 import torch
 
 from bench.common import bench_parser
+from tests.harness import faults
 from tests.harness.faults import SCENARIOS, run
 
 
 def main() -> int:
-    parser = bench_parser(__doc__, quick={"streams": 2, "seconds": 5}, model=None, repeats=None)
+    parser = bench_parser(f"{__doc__}\n{faults.__doc__}", quick={"streams": 2, "seconds": 5}, model=None, repeats=None)
     parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated, of {SCENARIOS}")
     parser.add_argument("--streams", type=int, default=8, help="running streams per fault; normal traffic streams")
     parser.add_argument("--seconds", type=float, default=30.0, help="each of the clean and hostile traffic runs")

@@ -23,12 +23,10 @@ from tests.harness.up import listening_pid
 
 
 def main() -> int:
-    parser = bench_parser(__doc__, quick={"streams": 4, "seconds": 10}, model="tiny-idefics3", repeats=None)
-    parser.add_argument("--streams", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=300.0)
+    parser = bench_parser(__doc__, quick={"streams": 4, "seconds": 10}, model="tiny-idefics3", repeats=None,
+                          streams=64, seconds=300.0, seed=0)
     parser.add_argument("--target", default=None, help="a running preprocessor (default: start a stack)")
     parser.add_argument("--engine", default=None, help="its engine's HOST:PORT, for its RSS (local only)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     with contextlib.ExitStack() as opened:

@@ -4,7 +4,7 @@ A/B harness: one stack per variant of the engine's flags, all up at once, measur
 - `stack_parser`: the options every whole-stack bench takes (--streams, --new-tokens, --stream-interval,
   --engine-args beside --model and --repeats);
 - `running_stack`: a stack as they ask (a running slot for every stream), stopped on exit;
-- `stack_run`: N concurrent greedy Complete streams, each for its own token count; the stack's tokens/s;
+- `stack_run`: N concurrent Complete streams (greedy unless told), each for its own token count: tokens/s;
 - `side_by_side`: one stack per variant, each with a client and warmed, for `bench.common.in_turns_async`. Two
   stacks up at once and measured in turns rather than one after the other keep the drift of a shared machine's
   load out of their ratio.
@@ -70,11 +70,14 @@ def lengths(n: int, new_tokens: int, varied: bool, seed: int = 1) -> list[int]:
     return torch.randint(8, max(9, 2 * new_tokens - 7), (n,), generator=g).tolist()
 
 
-async def stack_run(client: AsyncSpliceClient, batch: list[list[int]], wanted: list[int]) -> float:
-    """One concurrent greedy, ignore_eos Complete stream per prompt, each for its `wanted` tokens: tokens/s."""
+async def stack_run(client: AsyncSpliceClient, batch: list[list[int]], wanted: list[int], **sampling) -> float:
+    """One concurrent ignore_eos Complete stream per prompt, each for its `wanted` tokens, greedy unless `sampling`
+    says otherwise (it goes to every request): tokens/s."""
+    sampling = {"temperature": 0.0, **sampling}
+
     async def one(ids: list[int], n: int) -> int:
-        return sum([len(c.token_ids) async for c in client.complete([ids], temperature=0.0, ignore_eos=True,
-                                                                     max_tokens=n)])
+        return sum([len(c.token_ids) async for c in client.complete([ids], ignore_eos=True, max_tokens=n,
+                                                                     **sampling)])
 
     start = time.perf_counter()
     counts = await asyncio.gather(*(one(ids, n) for ids, n in zip(batch, wanted, strict=True)))
