@@ -21,6 +21,7 @@ class GenerationChunk:
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    index: int = 0  # which of the request's n choices (SamplingParams.n) it belongs to
 
     @property
     def final(self) -> bool:
@@ -29,7 +30,8 @@ class GenerationChunk:
     def to_pb(self) -> preprocessor_pb2.GenerationChunk:
         # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
         pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs,
-                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs)
+                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs,
+                                              index=self.index)
         if self.finish_reason is not None:
             pb.finish_reason = finish_reason_to_pb(self.finish_reason)
         if self.stop_reason:

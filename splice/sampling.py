@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from splice.errors import InvalidArgument
 from splice.v1 import common_pb2
@@ -32,6 +32,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "min_tokens": (0, UINT32_MAX),  # uint32
     "logit_bias": (0, INT32_MAX),  # its keys: int32 token IDs
     "allowed_token_ids": (0, INT32_MAX),  # int32 token IDs
+    # choices per prompt: vLLM sets no upper bound (--max-num-seqs does, at run time); OpenAI's API takes 1..128
+    "n": (1, 128),
 }
 PENALTY_RANGE = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)
 LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range)
@@ -71,6 +73,9 @@ class SamplingParams:
     # each is banned when the output so far ends with the others
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False  # the matched stop string ends the returned text
+    # choices from the one prompt, [1, 128]: prefilled once, then n sequences; with a seed, choice i samples with
+    # seed + i (vLLM's parallel sampling), so it equals a request of n = 1 with that seed (`choice`)
+    n: int = 1
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,10 @@ class SamplingParams:
             _check_range("max_tokens", self.max_tokens)
         if self.seed is not None:
             _check_range("seed", self.seed)
+        _check_range("n", self.n)
+        if self.seed is not None and self.seed + self.n - 1 > INT_RANGES["seed"][1]:
+            raise InvalidArgument(f"sampling.seed + n - 1 (the last choice's seed) must be <= {INT_RANGES['seed'][1]}, "
+                                  f"got seed {self.seed} and n {self.n}")
         for i, t in enumerate(self.stop_token_ids):
             _check_range("stop_token_ids", t, f"[{i}]")
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -131,6 +140,10 @@ class SamplingParams:
                 raise InvalidArgument(f"sampling.bad_words_token_ids[{i}] must be nonempty token IDs >= 0, got "
                                       f"{list(ids)}")
 
+    def choice(self, index: int) -> SamplingParams:
+        """Choice `index`'s own parameters: one sequence, sampling with seed + index when seeded (vLLM's rule)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
@@ -174,6 +187,7 @@ class SamplingParams:
             bad_words=tuple(pb.bad_words),
             bad_words_token_ids=tuple(tuple(s.ids) for s in pb.bad_words_token_ids),
             include_stop_str_in_output=pb.include_stop_str_in_output,
+            n=pb.n if pb.HasField("n") else 1,
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -203,6 +217,8 @@ class SamplingParams:
             pb.max_tokens = self.max_tokens
         if self.repetition_penalty != 1.0:
             pb.repetition_penalty = self.repetition_penalty
+        if self.n != 1:
+            pb.n = self.n
         return pb
 
 
