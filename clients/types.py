@@ -19,6 +19,7 @@ class Chunk:
     # with top_logprobs = k: for each token, the k most likely tokens at its step, (token ID, logprob), most likely
     # first
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    index: int = 0  # which of the request's n choices it belongs to (each ends with its own final chunk)
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
@@ -30,6 +31,7 @@ class Chunk:
             usage=Usage.from_pb(pb.usage) if pb.HasField("usage") else None,
             stop_reason=pb.stop_reason,
             top_logprobs=_per_token(pb),
+            index=pb.index,
         )
 
 

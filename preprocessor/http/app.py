@@ -14,9 +14,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from preprocessor.admission import Admission
+from preprocessor.admission import Admission, charge
 from preprocessor.content import Conversation
-from preprocessor.core import PreprocessorCore
+from preprocessor.core import Prepared, PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
@@ -60,6 +60,14 @@ async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | To
     return await fetch_remote_images(conv, options, core.limits.max_image_bytes)
 
 
+def _charge_whole_answer(core: PreprocessorCore, prepared: Prepared, shape: Shape, top_logprobs: int) -> None:
+    """A whole answer is held until it is sent: what its choices may hold (n x max_tokens per prompt) is charged to
+    the request's admission before any is generated (a streamed one holds only the chunk in flight)."""
+    tokens = core.answer_tokens(prepared)
+    charge(tokens * shape.token_bytes(top_logprobs),
+           f"the whole answer ({prepared.choices} choice(s), up to {tokens} tokens together: n x max_tokens)")
+
+
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
     """What stays open when a key is set, besides /health: metrics and the API docs, each when its flag says so."""
     paths = ["/metrics"] if options.open_metrics else []
@@ -92,12 +100,14 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
         shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
-                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                           role=convert.answer_role(body), echo=convert.echoed(body))
+        if not body.stream:
+            _charge_whole_answer(core, prepared, shape, sampling.top_logprobs)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape)
+        return await whole_response(request, chunks, shape, prepared.choices)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -110,11 +120,13 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
         shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
-                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None)
+                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n)
+        if not body.stream:
+            _charge_whole_answer(core, prepared, shape, sampling.top_logprobs)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape, len(prompts))
+        return await whole_response(request, chunks, shape, prepared.choices)
 
     @api.get("/v1/models")
     async def models() -> dict:

@@ -8,7 +8,7 @@ same chunks, so their usage is the same numbers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from preprocessor.outputs import GenerationChunk
@@ -24,12 +24,14 @@ def usage_json(usage: Usage | None) -> dict | None:
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
 
 
-def total_usage(usages: Sequence[Usage | None]) -> Usage | None:
-    """A request's usage: the sum over its choices, as vLLM reports a batch (None when no choice reported one)."""
-    known = [u for u in usages if u is not None]
+def total_usage(usages: Mapping[int, Usage | None], n: int = 1) -> Usage | None:
+    """A request's usage from its choices' (by choice index, `n` per prompt), as vLLM reports it: each prompt's tokens
+    once (its first choice's count), every choice's completion tokens (None when no choice reported one)."""
+    known = {i: u for i, u in usages.items() if u is not None}
     if not known:
         return None
-    return Usage(sum(u.prompt_tokens for u in known), sum(u.completion_tokens for u in known))
+    return Usage(sum(u.prompt_tokens for i, u in known.items() if i % n == 0),
+                 sum(u.completion_tokens for u in known.values()))
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Collected:
 
 @dataclass
 class Shape:
-    """A request's choices are numbered in prompt order (index i: the request's i-th prompt), as vLLM's."""
+    """A request's choices are numbered as vLLM's: prompt p's choice j (of n) is index p x n + j."""
 
     request_id: str
     model: str
@@ -68,15 +70,26 @@ class Shape:
     created: int = field(default_factory=lambda: int(time.time()))
     # return_token_ids: each choice's prompt IDs as the engine got them (then each chunk carries its token IDs)
     prompt_ids: Sequence[Sequence[int]] | None = None
+    n: int = 1  # choices per prompt
     _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
 
     id_prefix = "cmpl-"
     object_name = "text_completion"
     chunk_object = "text_completion"
+    # What a whole (non-streamed) answer holds per generated token until it is sent: its collected chunks, the
+    # response's dict and its JSON, at their peak (measured with tracemalloc: ~80 B of text and ID; logprobs ~800 B
+    # more, ~125 B per top_logprobs alternative here, ~550 B in chat's shape, whose entries spell out their bytes).
+    TOKEN_BYTES = 128
+    LOGPROB_BYTES = 1024
+    ALTERNATIVE_BYTES = 160
 
     @property
     def id(self) -> str:
         return self.id_prefix + self.request_id
+
+    def token_bytes(self, top_logprobs: int) -> int:
+        """Bytes a whole answer holds per generated token (the admission charge of one that is not streamed)."""
+        return self.TOKEN_BYTES + (self.LOGPROB_BYTES + top_logprobs * self.ALTERNATIVE_BYTES if self.logprobs else 0)
 
     @property
     def return_token_ids(self) -> bool:
@@ -93,7 +106,8 @@ class Shape:
             choice.update(finish_reason=_reason(last), stop_reason=(last.stop_reason or None) if last else None)
             choices.append(choice)
         body = self._envelope(self.object_name, choices)
-        body["usage"] = usage_json(total_usage([c.last.usage if c.last else None for c in collected]))
+        body["usage"] = usage_json(total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)},
+                                               self.n))
         return body
 
     def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
@@ -116,7 +130,7 @@ class Shape:
     def _stream_extras(self, body: dict, index: int, first: bool) -> None:
         """vLLM's completions put a choice's prompt_token_ids on its first chunk."""
         if first and self.prompt_ids is not None:
-            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index])
+            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index // self.n])
 
     def first_chunks(self) -> list[dict]:
         return []
@@ -152,7 +166,7 @@ class Shape:
         choice = {"index": index, "text": whole.text, "logprobs": self._logprobs(whole),
                   "prompt_logprobs": None}  # (vLLM's field; prompt_logprobs are refused, convert.py)
         if self.prompt_ids is not None:
-            choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(whole.token_ids))
+            choice.update(prompt_token_ids=list(self.prompt_ids[index // self.n]), token_ids=list(whole.token_ids))
         return choice
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
@@ -167,6 +181,7 @@ class ChatShape(Shape):
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
+    ALTERNATIVE_BYTES = 640
 
     def response(self, collected: Sequence[Collected]) -> dict:
         body = super().response(collected)
@@ -175,16 +190,19 @@ class ChatShape(Shape):
         return body
 
     def first_chunks(self) -> list[dict]:
-        """OpenAI opens every chat stream with the role (vLLM: with prompt_token_ids when asked); then the echoed
-        text."""
-        body = self._envelope(self.chunk_object, [{"index": 0, "delta": {"role": self.role, "content": ""},
-                                                   "logprobs": None, "finish_reason": None}])
-        if self.prompt_ids is not None:
-            body["prompt_token_ids"] = list(self.prompt_ids[0])
-        out = [body]
+        """OpenAI opens every chat stream with the role, one chunk per choice (vLLM: with prompt_token_ids when
+        asked); then the echoed text, one chunk per choice."""
+        out = []
+        for i in range(self.n):
+            body = self._envelope(self.chunk_object, [{"index": i, "delta": {"role": self.role, "content": ""},
+                                                       "logprobs": None, "finish_reason": None}])
+            if self.prompt_ids is not None:
+                body["prompt_token_ids"] = list(self.prompt_ids[0])
+            out.append(body)
         if self.echo:
-            out.append(self._envelope(self.chunk_object, [{"index": 0, "delta": {"content": self.echo},
-                                                           "logprobs": None, "finish_reason": None}]))
+            out += [self._envelope(self.chunk_object, [{"index": i, "delta": {"content": self.echo},
+                                                        "logprobs": None, "finish_reason": None}])
+                    for i in range(self.n)]
         if self.include_usage:
             for b in out:
                 b["usage"] = None
