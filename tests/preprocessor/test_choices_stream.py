@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+from preprocessor.admission import Admission
 from preprocessor.content import Text, Where
 from preprocessor.core import PreprocessorCore
+from preprocessor.http.responses import ChatShape
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.sampling import SamplingParams
+from tests.preprocessor.http_face import http_face
 from tests.preprocessor.pp_factories import conversation
 
 ANSWERS = ("Red apples stop here and more.", "Green pears grow slowly in the orchard all summer, then fall.",
@@ -92,3 +95,21 @@ async def test_batch_choices_are_numbered_prompt_times_n_plus_choice(tiny):
         assert index % 2 == chunk.index
         seen[index] = seen.get(index, "") + chunk.text
     assert seen == {p * 2 + j: ANSWERS[j] for p in range(3) for j in range(2)}
+
+
+async def test_a_whole_answer_charges_n_times_max_tokens_to_admission(tiny_dirs, tiny):
+    """A non-streamed answer is held until it is sent: n x max_tokens tokens of it are charged before any is made."""
+    per_token = ChatShape.TOKEN_BYTES
+    admission = Admission(max_concurrent=4, max_bytes=3000 * per_token)
+    async with http_face(tiny_dirs, tiny, admission=admission) as face:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000}
+        served = await face.http.post("/v1/chat/completions", json=body)  # 1 x 1000 tokens fit
+        assert served.status_code == 200, served.text
+        refused = await face.http.post("/v1/chat/completions", json={**body, "n": 4})  # 4 x 1000 never do
+        assert refused.status_code == 429 and "n x max_tokens" in refused.text, refused.text
+        assert "--max-inflight-request-bytes" in refused.text and len(face.engine.requests) == 1  # never reached it
+        for _ in range(500):  # each request gives its charge back once its response is sent
+            if admission.held == 0 and admission.running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert admission.held == 0 and admission.running == 0
