@@ -153,8 +153,9 @@ async def test_first_token_choices_and_stops_end_each_choice_on_its_own(engines)
     assert {f.index: f.finish_reason for f in finals}[1] == "stop"
 
 
-async def test_a_long_prompt_prefilled_over_several_steps_forks_too(tiny_dirs):
-    engine = start_engine(tiny_dirs["tiny-text"], mixed_prefill_tokens=8)
+@pytest.mark.parametrize("tiny", ["tiny-text", "tiny-gemma3"])  # its parts packed with the decode, or not
+async def test_a_long_prompt_prefilled_over_several_steps_forks_too(tiny_dirs, tiny):
+    engine = start_engine(tiny_dirs[tiny], mixed_prefill_tokens=8)
     try:
         ids = random_ids(30, seed=21)
         logprobs: dict[int, list[float]] = {}
