@@ -374,7 +374,9 @@ class LLMEngine:
             self.runner.fork(seq.seq_id, [c.seq_id for c in children])
         except Exception as exc:  # (growing the key/value buffers): the request fails whole, the batch goes on
             log.exception("request %s: starting its %d other choices failed", seq.request_id, len(children))
-            self._fail([seq, *children], exc)
+            with self._lock:  # released (their error sent) at the next step; this step's sampling skips them
+                for s in (seq, *children):
+                    self.scheduler.finish(s, FinishReason.ERROR, exc)
             return
         for child in children:
             self._generators[child.seq_id] = make_generator(child.sampling.seed, self.m.device)

@@ -195,3 +195,27 @@ async def test_n_beyond_the_running_slots_is_refused_before_any_work(tiny_dirs):
         assert sorted(got) == [0, 1, 2, 3]
     finally:
         engine.stop()
+
+
+async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs):
+    engine = start_engine(tiny_dirs["tiny-text"])
+    try:
+        fork = engine.runner.fork
+
+        def failing(*args):  # what a key/value buffer that cannot grow raises
+            raise RuntimeError("out of memory")
+
+        engine.runner.fork = failing
+        neighbour = _request(random_ids(5, seed=4), {}, "neighbour", temperature=0.0, ignore_eos=True, max_tokens=12)
+        alone, _ = await collect(engine, neighbour)
+        outputs = engine.generate(neighbour)
+        got = list((await anext(outputs)).token_ids)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await _choices(engine, _request(random_ids(9, seed=8), {}, n=3, **SAMPLED))
+        got += [t async for out in outputs for t in out.token_ids]
+        assert got == alone  # the running request went on untouched
+        engine.runner.fork = fork
+        assert sorted((await _choices(engine, _request([1, 2, 3], {}, n=2, **SAMPLED)))[0]) == [0, 1]
+        assert engine.num_running == 0 and engine.scheduler.reserved == 0 and not engine._generators
+    finally:
+        engine.stop()
