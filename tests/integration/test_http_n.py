@@ -100,6 +100,12 @@ def test_completions_batch_numbers_prompt_p_choice_j_as_p_times_n_plus_j(client)
     assert text == {c.index: c.text for c in whole.choices}
     assert finishes == {i: ["length"] for i in range(4)}
     assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_tokens, 4 * N)
+    # each choice names its own prompt's IDs (return_token_ids)
+    ids = client.completions.create(model=MODEL, prompt=prompts, n=2, **{**SAMPLED, "extra_body": {
+        "ignore_eos": True, "return_token_ids": True}})
+    prompt_ids = [c.model_extra["prompt_token_ids"] for c in ids.choices]
+    assert prompt_ids[0] == prompt_ids[1] != prompt_ids[2] == prompt_ids[3]
+    assert len(prompt_ids[0]) + len(prompt_ids[2]) == prompt_tokens
 
 
 def test_choices_with_logprobs_equal_their_solo_requests(client):
