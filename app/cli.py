@@ -22,6 +22,7 @@ import grpc
 
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
+from preprocessor.template_args import REASONING_EFFORTS
 from splice.errors import SpliceError
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
@@ -77,12 +78,13 @@ def _up(args: argparse.Namespace) -> int:
     if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
+    mm_embeds = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
-                                  preprocessor_args=preprocessor_args + shlex.split(args.preprocessor_args),
+                                  preprocessor_args=preprocessor_args + mm_embeds + shlex.split(args.preprocessor_args),
                                   echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
@@ -163,7 +165,9 @@ def _secured(args: argparse.Namespace) -> str:
 
 # `splice chat` flags that map one-to-one onto SamplingParams fields (given = sent; the server checks the values)
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                 "min_tokens", "n")
+                 "min_tokens", "top_logprobs", "n")
+# ... and onto ChatRequest fields
+CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -174,18 +178,72 @@ def _logit_bias(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 50256=-100), got {text!r}") from None
 
 
+def _token_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token IDs separated by commas (e.g. 5,17,42), got {text!r}") \
+            from None
+
+
+def _json(kind: type) -> Callable[[str], object]:
+    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
+    name = {dict: "object", list: "array"}[kind]
+
+    def parse(text: str) -> object:
+        import json
+
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
+        return value
+
+    return parse
+
+
 def chat_sampling(args: argparse.Namespace) -> dict:
     """`splice chat`'s flags -> the client's sampling keywords."""
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     sampling.update({name: getattr(args, name) for name in CHAT_CONTROLS if getattr(args, name) is not None})
     if args.logit_bias:
         sampling["logit_bias"] = dict(args.logit_bias)
-    if args.bad_word:
-        sampling["bad_words"] = tuple(args.bad_word)
-    if args.stop:
-        sampling["stop"] = tuple(args.stop)
-        sampling["include_stop_str_in_output"] = args.include_stop_str
+    for name in ("bad_words", "stop"):
+        if getattr(args, name):
+            sampling[name] = tuple(getattr(args, name))
+    for name in ("allowed_token_ids", "stop_token_ids"):
+        if getattr(args, name):
+            sampling[name] = getattr(args, name)
+    for name in ("include_stop_str_in_output", "ignore_eos"):
+        if getattr(args, name):
+            sampling[name] = True
+    if args.logprobs or args.top_logprobs:
+        sampling["logprobs"] = True
+    if not args.skip_special_tokens:
+        sampling["skip_special_tokens"] = False
     return sampling
+
+
+def chat_fields(args: argparse.Namespace) -> dict:
+    """`splice chat`'s flags -> the client's ChatRequest keywords (vLLM's chat fields)."""
+    fields = {name: getattr(args, name) for name in CHAT_FIELDS if getattr(args, name) is not None}
+    if args.continue_final_message:  # the answer continues the last message instead of starting its own
+        fields.update(continue_final_message=True, add_generation_prompt=False)
+    if args.add_special_tokens:
+        fields["add_special_tokens"] = True
+    return fields
+
+
+def _print_logprobs(chunks: list) -> None:
+    """--logprobs: each generated token's ID, text and log-probability, then its --top-logprobs alternatives."""
+    for chunk in chunks:
+        text = f" {chunk.text!r}" if len(chunk.token_ids) == 1 else ""
+        for i, (token, logprob) in enumerate(zip(chunk.token_ids, chunk.logprobs, strict=False)):
+            top = chunk.top_logprobs[i] if i < len(chunk.top_logprobs) else ()
+            alternatives = "  top: " + ", ".join(f"{t}:{lp:.4f}" for t, lp in top) if top else ""
+            _say(f"token {token}{text} logprob={logprob:.4f}{alternatives}")
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -207,7 +265,10 @@ def _chat(args: argparse.Namespace) -> int:
     content.append({"type": "text", "text": args.prompt})
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
+    if args.assistant is not None:
+        messages.append({"role": "assistant", "content": args.assistant})
     sampling = chat_sampling(args)
+    fields = chat_fields(args)
     from splice.security import ClientTLS
 
     try:
@@ -216,17 +277,21 @@ def _chat(args: argparse.Namespace) -> int:
         with SpliceClient(args.target, timeout=args.timeout, tls=tls, api_key=api_key) as client:
             usages, finishes = {}, {}  # by choice
             choices: dict[int, list[str]] = {}  # n > 1: each choice printed whole once all have ended
-            for chunk in client.chat(messages, **sampling):
+            chunks = []
+            for chunk in client.chat(messages, **fields, **sampling):
                 if (args.n or 1) > 1:
                     choices.setdefault(chunk.index, []).append(chunk.text)
                 else:
                     print(chunk.text, end="", flush=True)
                 if chunk.usage:
                     usages[chunk.index], finishes[chunk.index] = chunk.usage, chunk.finish_reason
+                chunks.append(chunk)
             for i in sorted(choices):
                 print(f"--- choice {i}")
                 print("".join(choices[i]), end="")
             print()
+            if sampling.get("logprobs"):
+                _print_logprobs(chunks)
     except SpliceClientError as err:
         if err.code == grpc.StatusCode.UNAVAILABLE and not _listening(args.target):
             _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")
@@ -333,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
                    help="hosts and ports whose http(s) image URLs the HTTP API may fetch (a bare HOST: ports 80 and "
                         "443 only)")
+    p.add_argument("--enable-mm-embeds", action="store_true",
+                   help="accept image_embeds content parts (precomputed image features), as vLLM's flag")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
@@ -361,9 +428,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-tokens", type=int, default=None, help="no EOS or stop before this many tokens")
     p.add_argument("--logit-bias", action="append", type=_logit_bias, metavar="TOKEN_ID=BIAS",
                    help="add BIAS in [-100, 100] to a token's logit (repeatable)")
-    p.add_argument("--bad-word", action="append", metavar="WORD", help="a word never generated (repeatable)")
+    p.add_argument("--allowed-token-ids", type=_token_ids, metavar="ID,ID,...",
+                   help="only these tokens may be generated")
+    p.add_argument("--bad-words", action="append", metavar="WORD", help="a word never generated (repeatable)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
-    p.add_argument("--include-stop-str", action="store_true", help="keep the matched stop string in the answer")
+    p.add_argument("--stop-token-ids", type=_token_ids, metavar="ID,ID,...",
+                   help="tokens that end the answer, besides the model's EOS")
+    p.add_argument("--include-stop-str-in-output", action="store_true",
+                   help="keep the matched stop string in the answer")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the model's EOS")
+    p.add_argument("--skip-special-tokens", action=argparse.BooleanOptionalAction, default=True,
+                   help="drop special tokens from the answer's text")
+    p.add_argument("--logprobs", action="store_true",
+                   help="print each answer token's ID and log-probability after the answer (on stderr)")
+    p.add_argument("--top-logprobs", type=int, default=None, metavar="N",
+                   help="[0, 20]; also the N most likely tokens at each step (implies --logprobs)")
+    p.add_argument("--assistant", default=None, metavar="TEXT",
+                   help="an assistant message sent after the prompt (with --continue-final-message: the answer's "
+                        "start)")
+    p.add_argument("--continue-final-message", action="store_true",
+                   help="the answer continues the last message instead of starting a new turn (no generation "
+                        "prompt)")
+    p.add_argument("--add-special-tokens", action="store_true",
+                   help="add the tokenizer's special tokens (BOS) on top of the chat template's")
+    p.add_argument("--documents", type=_json(list), metavar="JSON",
+                   help='documents for a RAG template, e.g. \'[{"title": "...", "text": "..."}]\'')
+    p.add_argument("--reasoning-effort", choices=REASONING_EFFORTS,
+                   help="passed to the chat template (with enable_thinking: not 'none')")
+    p.add_argument("--chat-template-kwargs", type=_json(dict), metavar="JSON",
+                   help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
+    p.add_argument("--mm-processor-kwargs", type=_json(dict), metavar="JSON",
+                   help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
@@ -376,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", help="which to build (default: all)")
     p.set_defaults(func=_build_tiny)
 
-    p = sub.add_parser("demo", help=f"run the report's scenario (text, embeds, image, text) on {DEFAULT_MODEL}, then "
-                       f"a question to the real model {REAL_DEFAULT}")
+    p = sub.add_parser("demo", help=f"a conversation of text, prompt embeddings, an image and text on "
+                       f"{DEFAULT_MODEL}, then a question to the real model {REAL_DEFAULT}")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--max-tokens", type=int, default=24, help="tokens each answer generates at most")
     p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "

@@ -1,4 +1,4 @@
-"""The seed scenario, the report's conversation: text, prompt embeddings that say the user's favourite colour, a
+"""The seed scenario, a conversation of text, prompt embeddings that say the user's favourite colour, a
 picture, a question asking for both. Asked again with the sentence as plain text: prompt embeddings equal to a
 text's embedding rows must act as that text, so on the trained default model both answers name both colours."""
 
@@ -53,7 +53,7 @@ def demo_picture() -> Image.Image:
 
 
 def seed_conversation(model_dir: str | Path) -> tuple[list[dict], list[dict]]:
-    """The report's conversation twice: with the favourite-colour sentence as a prompt_embeds part (the rows of
+    """The colour conversation twice: with the favourite-colour sentence as a prompt_embeds part (the rows of
     the model's own embedding table for its tokens, in vLLM's encoding), and as plain text."""
     from transformers import AutoTokenizer
 
@@ -118,11 +118,12 @@ def real_conversation(model_dir: str | Path) -> tuple[list[dict], list[dict]]:
 
 
 def run_demo(model: str, max_tokens: int = 24, real_model: str | None = None) -> int:
-    """The report's conversation on `model`, then (unless `real_model` is None) a question to the real model."""
+    """The colour conversation on `model`, then (unless `real_model` is None) a question to the real model."""
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     _both_ways(model, seed_conversation, max_tokens, say, header=(
-        f"The report's conversation (a generated, mostly {colors.DEMO_PAIR[0]} picture), the favourite-colour "
-        f"sentence sent as prompt embeddings:"), text_header="The same question with the sentence as plain text:")
+        f"Text, prompt embeddings, an image, text (a generated, mostly {colors.DEMO_PAIR[0]} picture); the "
+        f"favourite-colour sentence is sent as prompt embeddings:"),
+        text_header="The same question with the sentence as plain text:")
     if real_model is None:
         return 0
     from app.models import resolve_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from difflib import get_close_matches
 from pathlib import Path
 
 from app.hub import NotOnHub, fetch
@@ -39,6 +40,10 @@ def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = No
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     builtins = f"built-in models: {sorted(TINY_MODELS) + sorted(REAL_MODELS)}"
+    near = [] if "/" in name_or_path else get_close_matches(name_or_path, [*TINY_MODELS, *REAL_MODELS], n=1)
+    if near:  # a bare name this close to a built-in one is a typo, not a Hub model without an organisation
+        raise FailedPrecondition(f"model {name_or_path!r} is not a built-in model; did you mean {near[0]!r}? "
+                                 "(a Hub model is ORG/NAME; a local model is a folder holding config.json)")
     try:
         validate_repo_id(name_or_path)
     except HFValidationError:

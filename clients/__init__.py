@@ -2,7 +2,7 @@
 
 from clients.async_client import AsyncSpliceClient
 from clients.errors import SpliceClientError
-from clients.parts import embeds_part, image_part, message, text_part
+from clients.parts import embeds_part, image_embeds_part, image_part, message, text_part
 from clients.sync_client import SpliceClient
 from clients.types import Chunk
 from splice.engine_output import FinishReason, Usage
@@ -17,6 +17,7 @@ __all__ = [
     "SpliceClientError",
     "Usage",
     "embeds_part",
+    "image_embeds_part",
     "image_part",
     "message",
     "text_part",

@@ -43,6 +43,16 @@ def embeds_part(embeds: torch.Tensor) -> pp.ContentPart:
     return pp.ContentPart(prompt_embeds=pp.PromptEmbeds(tensor=tensor_to_pb(embeds)))
 
 
+def image_embeds_part(embeds: torch.Tensor, deferred: list[torch.Tensor] | None = None,
+                      **geometry: Iterable[int] | int) -> pp.ContentPart:
+    """Precomputed features of one image [rows, hidden] (or [1, rows, hidden]), with what the model family needs
+    beside them by vLLM's key names (image_grid_thw=(1, 4, 4), image_sizes=(h, w), rows=2, cols=2, ...). The server
+    must run with --enable-mm-embeds."""
+    values = {k: pp.Integers(values=[int(v)] if isinstance(v, int) else [int(x) for x in v])
+              for k, v in geometry.items()}
+    return pp.ContentPart(image_embeds=pp.ImageEmbeds(embeds=declared_embeds(embeds, deferred), geometry=values))
+
+
 def declared_embeds(embeds: torch.Tensor, deferred: list[torch.Tensor] | None) -> pp.PromptEmbeds:
     """A raw-tensor PromptEmbeds; with `deferred`, its bytes are left out (dtype and shape only) and the tensor is
     appended there, to be streamed after the request (Upload)."""
@@ -59,7 +69,7 @@ def to_part(item: PartLike, deferred: list[torch.Tensor] | None = None) -> pp.Co
         return text_part(item)
     if isinstance(item, torch.Tensor):
         return pp.ContentPart(prompt_embeds=declared_embeds(item, deferred))
-    if isinstance(item, dict):  # OpenAI-like {"type": "text"|"image"|"prompt_embeds", ...}
+    if isinstance(item, dict):  # OpenAI-like {"type": "text"|"image"|"prompt_embeds"|"image_embeds", ...}
         kind = item.get("type")
         if kind == "text":
             return text_part(item["text"])
@@ -67,6 +77,9 @@ def to_part(item: PartLike, deferred: list[torch.Tensor] | None = None) -> pp.Co
             return image_part(item["image"])
         if kind == "prompt_embeds":
             return pp.ContentPart(prompt_embeds=declared_embeds(item["prompt_embeds"], deferred))
+        if kind == "image_embeds":  # {"type": "image_embeds", "image_embeds": tensor, geometry key: integers, ...}
+            geometry = {k: v for k, v in item.items() if k not in ("type", "image_embeds")}
+            return image_embeds_part(item["image_embeds"], deferred, **geometry)
         raise ValueError(f"unknown content part type {kind!r}")
     return image_part(item)
 

@@ -43,22 +43,40 @@ def _client_errors(build: Callable[..., R]) -> Callable[..., R]:
     return wrapper
 
 
+def _struct(value: dict) -> struct_pb2.Struct:
+    pb = struct_pb2.Struct()
+    pb.update(value)
+    return pb
+
+
 @_client_errors
 def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generation_prompt: bool | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None,
-                 deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
-    """`sampling` takes SamplingParams' fields (temperature, top_p, top_k, seed, max_tokens, stop, ...). With
-    `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
+                 continue_final_message: bool = False, add_special_tokens: bool = False,
+                 documents: Iterable[dict[str, str]] | None = None, reasoning_effort: str | None = None,
+                 mm_processor_kwargs: dict | None = None, deferred: list[torch.Tensor] | None = None,
+                 **sampling: Any) -> pp.ChatRequest:
+    """The chat fields mean what vLLM's do (preprocessor.proto's ChatRequest); None leaves a field to the
+    server's default. `sampling` takes SamplingParams' fields by vLLM's names: temperature, top_p, top_k, seed,
+    max_tokens, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, skip_special_tokens, presence_penalty,
+    frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias, allowed_token_ids, bad_words,
+    include_stop_str_in_output. With `deferred`, tensor parts are declared without their bytes and the tensors
+    appended there (Upload)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],
-                         sampling=_sampling(sampling))
+                         sampling=_sampling(sampling), continue_final_message=continue_final_message,
+                         add_special_tokens=add_special_tokens)
     if add_generation_prompt is not None:
         req.add_generation_prompt = add_generation_prompt
     if chat_template is not None:
         req.chat_template = chat_template
     if chat_template_kwargs:
-        kwargs = struct_pb2.Struct()
-        kwargs.update(chat_template_kwargs)
-        req.chat_template_kwargs.CopyFrom(kwargs)
+        req.chat_template_kwargs.CopyFrom(_struct(chat_template_kwargs))
+    if documents is not None:
+        req.documents.extend(_struct(d) for d in documents)
+    if reasoning_effort is not None:
+        req.reasoning_effort = reasoning_effort
+    if mm_processor_kwargs:
+        req.mm_processor_kwargs.CopyFrom(_struct(mm_processor_kwargs))
     return req
 
 
@@ -112,12 +130,14 @@ def upload_parts(request: pp.ChatRequest | pp.CompleteRequest, tensors: list[tor
 @_client_errors
 def tokenize_request(messages: Iterable[Any] | None, *, text: str | None = None,
                      add_special_tokens: bool | None = None, **kwargs: Any) -> pp.TokenizeRequest:
-    """`add_special_tokens` (for `text`): None = the server's default (yes, as Complete)."""
+    """`add_special_tokens`: None = the server's default (for `text`: yes, as Complete; for a chat: no, as Chat)."""
     if text is not None:
         req = pp.TokenizeRequest(text=text)
         if add_special_tokens is not None:
             req.add_special_tokens = add_special_tokens
         return req
+    if add_special_tokens is not None:  # the conversation's own field (ChatRequest.add_special_tokens)
+        kwargs["add_special_tokens"] = add_special_tokens
     return pp.TokenizeRequest(chat=chat_request(messages or [], **kwargs))
 
 
@@ -127,9 +147,15 @@ def tokenized_from_pb(pb: pp.TokenizeResponse) -> Tokenized:
 
 
 def _sampling(sampling: dict) -> common_pb2.SamplingParams:
-    """Validated here with the server's own rules, raised as the same SpliceClientError the server would give."""
+    """Validated here with the server's own rules, raised as the same SpliceClientError the server would give.
+    vLLM's spellings are taken as its HTTP API takes them: `stop` as one string, `top_k` -1 for off."""
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()}
+    if isinstance(fields.get("stop"), str):
+        fields["stop"] = (fields["stop"],)
+    if fields.get("top_k") == -1:
+        fields["top_k"] = 0
     try:
-        params = SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()})
+        params = SamplingParams(**fields)
     except SpliceError as exc:
         raise SpliceClientError(grpc.StatusCode[exc.code], exc.message) from None
     return params.to_pb()

@@ -7,11 +7,29 @@ failure is InvalidArgument naming the part, expected vs got (FailedPrecondition 
 
 from __future__ import annotations
 
-from engine.models.base import ImageGeometry
-from splice.engine_request import EngineRequest
+import torch
+
+from engine.models.base import ImageGeometry, check_float, check_names
+from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.model_info import ModelInfo
 from splice.request_rules import check_request, check_values
+
+
+def _supplied_rows(inputs: dict[str, torch.Tensor], info: ModelInfo, images: ImageGeometry) -> int:
+    """Rows of precomputed image features [rows, hidden] (finite floats), which the tensors beside them agree with."""
+    names = (IMAGE_EMBEDS, *images.beside_embeds)
+    check_names(inputs, names, names)
+    features = inputs[IMAGE_EMBEDS]
+    if features.dim() != 2 or features.shape[1] != info.hidden_size:
+        raise InvalidArgument(f"{IMAGE_EMBEDS}: shape {list(features.shape)}, expected [rows, {info.hidden_size}] "
+                              f"(the hidden size)")
+    check_float(IMAGE_EMBEDS, features)
+    described = images.embeds_rows(inputs)
+    if described is not None and described != features.shape[0]:
+        raise InvalidArgument(f"{IMAGE_EMBEDS}: {features.shape[0]} rows, but {', '.join(names[1:])} describe "
+                              f"{described}")
+    return features.shape[0]
 
 
 def _check_images(req: EngineRequest, info: ModelInfo, images: ImageGeometry | None, covered: set[int]) -> None:
@@ -22,7 +40,10 @@ def _check_images(req: EngineRequest, info: ModelInfo, images: ImageGeometry | N
         if inputs:
             raise FailedPrecondition(f"{info.model} takes no image inputs; got tensors {sorted(inputs)}")
         return
-    want = images.expected_rows(inputs) if inputs else 0
+    if IMAGE_EMBEDS in inputs:
+        want = _supplied_rows(inputs, info, images)
+    else:
+        want = images.expected_rows(inputs) if inputs else 0
     if len(image_positions) != want:
         raise InvalidArgument(f"prompt has {len(image_positions)} image tokens (ID {info.image_token_id}) but the "
                               f"image inputs make {want} feature rows")

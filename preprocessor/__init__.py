@@ -6,6 +6,9 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
                  torch_archive.py checks a torch.save zip before torch.load reads it
   images.py      bytes / data: URL / allowed path -> RGB PIL image, header checked against the caps first
                  (both charge what they decode to the request's admission, admission.py, before allocating)
+  mm_embeds.py   image_embeds (--enable-mm-embeds): precomputed image features checked against the geometry
+                 their family needs (embeds_geometry.py), the placeholder expanded by the processor from it
+  template_args.py  vLLM's documents / reasoning_effort -> template arguments (for both faces)
   template.py    chat template -> prompt text; part k of the prompt_embeds parts as sentinel k, image
                  parts as the processor's placeholder
   normalize.py   tokenize through the processor (image expansion, pixel tensors), then the model files'

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
     parser.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts,
                         help="prompts in one /v1/completions request (each is its own engine request)")
+    parser.add_argument("--enable-mm-embeds", action="store_true",
+                        help="accept image_embeds content parts: precomputed image features merged in place of a "
+                             "picture's (vLLM's flag; off: FAILED_PRECONDITION, HTTP 400)")
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker "
                              "processes killed after --chat-template-timeout")
@@ -114,7 +117,7 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   max_prompts=args.max_prompts, allowed_media_dir=args.allowed_media_dir,
                   trust_request_chat_template=args.trust_request_chat_template,
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,
-                  upload_idle_timeout=args.upload_idle_timeout)
+                  upload_idle_timeout=args.upload_idle_timeout, enable_mm_embeds=args.enable_mm_embeds)
 
 
 def admission_from_args(args: argparse.Namespace) -> Admission:

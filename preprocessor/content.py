@@ -67,14 +67,29 @@ class Embeds:
     encoding: str  # one of EMBEDS_ENCODINGS
     payload: RawTensor | str | bytes  # RawTensor for "tensor", str for "torch_base64", bytes for "safetensors"
     where: Where
+    label: str = "prompt_embeds"  # what messages call the rows: "prompt_embeds", or "image_embeds" (ImageEmbeds)
 
     def __post_init__(self) -> None:
         if self.encoding not in EMBEDS_ENCODINGS:
-            raise InvalidArgument(f"{self.where}: prompt_embeds has no encoding; set tensor, torch_base64 or "
+            raise InvalidArgument(f"{self.where}: {self.label} has no encoding; set tensor, torch_base64 or "
                                   f"safetensors")
 
 
-Part = Text | Image | Embeds
+# A geometry value as sent: integers (gRPC Integers; a JSON integer or list, nested or not), or base64 of
+# torch.save(tensor).
+GeometryValue = tuple[int, ...] | int | list | str
+
+
+@dataclass(frozen=True)
+class ImageEmbeds:
+    """Precomputed features of one image (vLLM's image_embeds part), decoded by mm_embeds.py."""
+
+    embeds: Embeds  # the rows [rows, hidden] (label "image_embeds")
+    geometry: dict[str, GeometryValue]  # what the model family needs beside them, by vLLM's key names
+    where: Where
+
+
+Part = Text | Image | Embeds | ImageEmbeds
 PromptPart = Text | TokenIds | Embeds
 
 
@@ -114,3 +129,8 @@ class Conversation:
 
     def parts(self, kind: type) -> list:
         return [p for m in self.messages for p in m.parts if isinstance(p, kind)]
+
+    @property
+    def image_count(self) -> int:
+        """Images: pictures and precomputed image features alike (each fills one image placeholder)."""
+        return len(self.parts(Image | ImageEmbeds))

@@ -4,13 +4,15 @@ replies are written by their own to_pb (outputs.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 
 from preprocessor.content import (
     Conversation,
     Embeds,
     Image,
+    ImageEmbeds,
     Message,
     Part,
     PromptPart,
@@ -19,23 +21,32 @@ from preprocessor.content import (
     TokenIds,
     Where,
 )
+from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
 from splice.v1 import preprocessor_pb2
 
 Streamed = Mapping[Where, memoryview]  # bytes of tensors that came in an Upload stream, by part
+MAX_EXACT_INT = 2**53  # a double holds every integer up to this exactly
 
 
-def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where, streamed: Streamed | None = None) -> Embeds:
+def embeds_from_pb(pb: preprocessor_pb2.PromptEmbeds, where: Where, streamed: Streamed | None = None,
+                   label: str = "prompt_embeds") -> Embeds:
     kind = pb.WhichOneof("encoding")
     if kind == "tensor":
         data = streamed[where] if streamed and where in streamed else pb.tensor.data
         payload = RawTensor(pb.tensor.dtype, tuple(pb.tensor.shape), data)
-        return Embeds(kind, payload, where)
+        return Embeds(kind, payload, where, label)
     if kind == "torch_base64":
-        return Embeds(kind, pb.torch_base64, where)
+        return Embeds(kind, pb.torch_base64, where, label)
     if kind == "safetensors":
-        return Embeds(kind, pb.safetensors, where)
-    return Embeds("", b"", where)  # raises: no encoding set
+        return Embeds(kind, pb.safetensors, where, label)
+    return Embeds("", b"", where, label)  # raises: no encoding set
+
+
+def image_embeds_from_pb(pb: preprocessor_pb2.ImageEmbeds, where: Where, streamed: Streamed | None = None,
+                         ) -> ImageEmbeds:
+    geometry = {key: tuple(value.values) for key, value in pb.geometry.items()}
+    return ImageEmbeds(embeds_from_pb(pb.embeds, where, streamed, "image_embeds"), geometry, where)
 
 
 def image_from_pb(pb: preprocessor_pb2.ImageInput, where: Where) -> Image:
@@ -51,7 +62,9 @@ def part_from_pb(pb: preprocessor_pb2.ContentPart, where: Where, streamed: Strea
         return image_from_pb(pb.image, where)
     if kind == "prompt_embeds":
         return embeds_from_pb(pb.prompt_embeds, where, streamed)
-    raise InvalidArgument(f"{where}: content part has no kind; set text, image or prompt_embeds")
+    if kind == "image_embeds":
+        return image_embeds_from_pb(pb.image_embeds, where, streamed)
+    raise InvalidArgument(f"{where}: content part has no kind; set text, image, prompt_embeds or image_embeds")
 
 
 def message_from_pb(pb: preprocessor_pb2.ChatMessage, index: int, streamed: Streamed | None = None) -> Message:
@@ -63,13 +76,35 @@ def message_from_pb(pb: preprocessor_pb2.ChatMessage, index: int, streamed: Stre
     return Message(pb.role, parts, False, index)
 
 
+def _whole(value: Any) -> Any:
+    """A Struct value as the same JSON parses on the HTTP face: protobuf's numbers are doubles, so a whole number
+    becomes an int (a pixel count, a template's loop bound), anything else stays as it is."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_EXACT_INT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+def struct_from_pb(pb: struct_pb2.Struct) -> dict[str, Any]:
+    return _whole(json_format.MessageToDict(pb))
+
+
 def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | None = None) -> Conversation:
-    kwargs = json_format.MessageToDict(pb.chat_template_kwargs) if pb.HasField("chat_template_kwargs") else {}
+    """The same Conversation as the same request on the HTTP face (http/convert.conversation_from_http)."""
+    kwargs = struct_from_pb(pb.chat_template_kwargs) if pb.HasField("chat_template_kwargs") else None
+    documents = [struct_from_pb(d) for d in pb.documents] if len(pb.documents) else None
+    effort = pb.reasoning_effort if pb.HasField("reasoning_effort") else None
     return Conversation(
         messages=tuple(message_from_pb(m, i, streamed) for i, m in enumerate(pb.messages)),
         add_generation_prompt=pb.add_generation_prompt if pb.HasField("add_generation_prompt") else True,
         chat_template=pb.chat_template if pb.HasField("chat_template") else None,
-        template_kwargs=kwargs,
+        template_kwargs=template_arguments(kwargs, documents, effort),
+        continue_final_message=pb.continue_final_message,
+        add_special_tokens=pb.add_special_tokens,
+        mm_processor_kwargs=struct_from_pb(pb.mm_processor_kwargs) if pb.HasField("mm_processor_kwargs") else {},
     )
 
 

@@ -14,7 +14,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from preprocessor import metrics
-from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
+from preprocessor.content import Conversation, Embeds, PromptPart, Text, TokenIds
 from preprocessor.limits import Limits
 from preprocessor.merge import merge_streams
 from preprocessor.model_files import ModelFiles
@@ -142,7 +142,7 @@ class PreprocessorCore:
         kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
         inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
         normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
-        _record("chat", normalized, arrival, len(conv.parts(Image)))
+        _record("chat", normalized, arrival, conv.image_count)
         return Prepared("chat", (normalized,), arrival)
 
     async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,

@@ -30,6 +30,8 @@ class Limits:
     chat_template_workers: int = 2  # worker processes rendering request templates
     max_chat_template_bytes: int = 256 * 1024
     upload_idle_timeout: float = 30.0  # seconds an Upload stream may stay silent before it is abandoned
+    # image_embeds parts (precomputed image features) are refused unless this is set (vLLM's --enable-mm-embeds)
+    enable_mm_embeds: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_image_bytes", "max_image_pixels", "max_image_side", "max_image_aspect_ratio", "max_images",

@@ -15,10 +15,11 @@ import torch
 
 from preprocessor.admission import charge
 from preprocessor.bad_words import with_bad_words
-from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
+from preprocessor.content import Conversation, Embeds, Image, ImageEmbeds, PromptPart, Text, TokenIds
 from preprocessor.embeds import decode_embeds
 from preprocessor.images import decode_image, image_cost, open_image
 from preprocessor.limits import Limits
+from preprocessor.mm_embeds import SuppliedImages, check_allowed, decode_image_embeds
 from preprocessor.mm_kwargs import processor_kwargs
 from preprocessor.model_files import ModelFiles
 from preprocessor.sentinel import FILLER_ID, Span
@@ -95,8 +96,10 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     template (the sandbox; or a prompt rendered beforehand)."""
     check_template_policy(conv, limits.trust_request_chat_template, limits.max_chat_template_bytes)
     sampling = with_bad_words(sampling, files.tokenizer, files.sentinels)
-    images, embeds = conv.parts(Image), conv.parts(Embeds)
-    check_counts(len(images), len(embeds), info, files, limits, images[0].where if images else "")
+    images, embeds, supplied = conv.parts(Image), conv.parts(Embeds), conv.parts(ImageEmbeds)
+    first = (images or supplied)[0].where if images or supplied else ""
+    check_counts(len(images) + len(supplied), len(embeds), info, files, limits, first)
+    check_allowed(conv, limits)
     _check_reserved(conv, files)
     mm_kwargs = processor_kwargs(conv.mm_processor_kwargs, files)
     # Every image's header is checked, and the request's pixels together (as large as the processor will resize
@@ -106,17 +109,24 @@ def normalize_chat(conv: Conversation, sampling: SamplingParams, request_id: str
     charge(image_cost(opened, limits, min_pixels), f"decoding the request's {len(opened)} images")
     rows = _decode_all(embeds, info, limits)  # each [n_k, hidden]
     pictures = [decode_image(o, limits) for o in opened]
+    features = decode_image_embeds(supplied, files, info, limits) if supplied else None
     if conv.chat_template is None:
         prompt = render(files.tokenizer, files.chat_template, conv, files.image_placeholder, files.sentinels)
     elif render_request is None:
         raise RuntimeError("a request chat template needs render_request")
     else:
         prompt = render_request(request_job(files.tokenizer, conv, files.image_placeholder, files.sentinels))
-    ids, model_inputs = _tokenize(prompt, pictures, files, conv.add_special_tokens, mm_kwargs)
-    if pictures and info.image_token_id is not None and info.image_token_id not in ids:
+    if features is None:
+        ids, model_inputs = _tokenize(prompt, pictures, files, conv.add_special_tokens, mm_kwargs)
+    else:
+        ids, model_inputs = _tokenize_supplied(prompt, features, files, info, conv.add_special_tokens)
+    if (pictures or features) and info.image_token_id is not None and info.image_token_id not in ids:
         raise FailedPrecondition(f"the processor's image tokens are not the engine's image token "
                                  f"{info.image_token_id}: the preprocessor's --model does not match the engine")
-    counts = _image_token_counts(ids, pictures, info, files, mm_kwargs) if count_images else ()
+    if features is not None:
+        counts = features.rows if count_images else ()
+    else:
+        counts = _image_token_counts(ids, pictures, info, files, mm_kwargs) if count_images else ()
     # Part k's span is where sentinel k expands, wherever the template put it.
     spliced = files.sentinels.splice(ids, [r.shape[0] for r in rows], [p.where for p in embeds])
     return _finish(spliced.ids, spliced.spans, rows, model_inputs, prompt, counts, tuple(spliced.expanded), sampling,
@@ -174,8 +184,10 @@ def tokenize_text(text: str, add_special_tokens: bool, files: ModelFiles, info: 
 
 
 def _tokenize(prompt: str, pictures: list, files: ModelFiles, add_special_tokens: bool = False,
-              mm_kwargs: dict[str, Any] | None = None) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """`add_special_tokens`: the tokenizer's special tokens on top of the template's (vLLM's chat field)."""
+              mm_kwargs: dict[str, Any] | None = None,
+              processor: Any = None) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """`add_special_tokens`: the tokenizer's special tokens on top of the template's (vLLM's chat field).
+    `processor`: the one to run instead of the model's (mm_embeds.py's, whose images are geometry)."""
     tok = files.tokenizer
     if files.processor is None:
         # As tokenizer.apply_chat_template(tokenize=True): the template writes any BOS itself.
@@ -185,13 +197,28 @@ def _tokenize(prompt: str, pictures: list, files: ModelFiles, add_special_tokens
         kwargs["add_special_tokens"] = True
     elif tok.bos_token is not None and prompt.startswith(tok.bos_token):
         kwargs["add_special_tokens"] = False  # as processor.apply_chat_template: no second BOS
+    # A stood-in image processor's outputs are no tensors to convert: its IDs come back as lists.
+    tensor_type = "pt" if processor is None else None
     try:
-        out = files.processor(text=prompt, images=pictures or None, return_tensors="pt", **kwargs)
+        out = (processor or files.processor)(text=prompt, images=pictures or None, return_tensors=tensor_type,
+                                             **kwargs)
     except ValueError as exc:  # e.g. placeholder count != image count
         raise InvalidArgument(f"the processor refused the rendered prompt: {exc}") from None
     ids = out["input_ids"]  # [1, seq_len]
     tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
-    return ids[0].tolist(), tensors
+    return list(ids[0]) if processor is not None else ids[0].tolist(), tensors
+
+
+def _tokenize_supplied(prompt: str, features: SuppliedImages, files: ModelFiles, info: ModelInfo,
+                       add_special_tokens: bool) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """The prompt's IDs with each image_embeds part's placeholder expanded by the model's processor from its
+    geometry; the engine's tensors are the parts' (the processor makes none)."""
+    ids, _ = _tokenize(prompt, features.carriers, files, add_special_tokens, None, features.processor(files))
+    found = sum(t == info.image_token_id for t in ids)
+    if found != sum(features.rows):
+        raise InvalidArgument(f"the rendered prompt has {found} image tokens; its image_embeds parts have "
+                              f"{sum(features.rows)} rows {list(features.rows)}")
+    return ids, features.tensors
 
 
 def _image_token_counts(ids: list[int], pictures: list, info: ModelInfo, files: ModelFiles,

@@ -8,8 +8,8 @@ instead of after seconds of template and tokenizer work (10 MB of text took 20-3
   so more than max_model_len times that cannot fit.
 - Messages and content parts: each takes at least one position (a template spends tokens on every message; a part
   is text, an image or embeddings), so more than max_model_len cannot fit. Token IDs: one position each.
-- Images and prompt_embeds parts: their per-request caps (--max-images, --max-embeds-parts) and whether the model
-  takes them, counted before an image is fetched (HTTP) or decoded.
+- Images (image_embeds parts too) and prompt_embeds parts: their per-request caps (--max-images, --max-embeds-parts)
+  and whether the model takes them, counted before an image is fetched (HTTP) or decoded.
 
 Both faces meet these in the core (core.py); the HTTP face also before it fetches remote images (app.py).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from preprocessor.content import Conversation, Embeds, Image, PromptPart, Text, TokenIds
+from preprocessor.content import Conversation, Embeds, Image, ImageEmbeds, PromptPart, Text, TokenIds
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import check_counts, kwarg_strings
@@ -54,7 +54,7 @@ def check_counts_only(messages: int, parts: int, info: ModelInfo) -> None:
 
 def check_conversation(conv: Conversation, info: ModelInfo, files: ModelFiles, limits: Limits) -> None:
     check_counts_only(len(conv.messages), sum(len(m.parts) for m in conv.messages), info)
-    images = conv.parts(Image)
+    images = conv.parts(Image | ImageEmbeds)
     check_counts(len(images), len(conv.parts(Embeds)), info, files, limits, images[0].where if images else "")
     chars = sum(len(m.role) + sum(len(p.text) for p in m.parts if isinstance(p, Text)) for m in conv.messages)
     for key, value in conv.template_kwargs.items():

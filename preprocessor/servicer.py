@@ -71,11 +71,11 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         tickets: list[Ticket] = []  # its admission, from when the first message declares its size
         upload = UploadAssembler(core.limits, admit=lambda nbytes: tickets.append(self._admission.stream(nbytes)))
         parts = aiter(request_iterator)
-        idle = core.limits.upload_idle_timeout
         try:
             # (a refusal reads the rest of the stream before it is sent: splice.call_guard)
             received = 0
-            while (part := await _next_part(parts, received, idle)) is not None:
+            # (the limit read per part: it is the core's current one)
+            while (part := await _next_part(parts, received, core.limits.upload_idle_timeout)) is not None:
                 # It holds its bytes as they arrive (the buffers are committed as written), each part
                 # before it is written; the request message once it admitted the upload.
                 if tickets:

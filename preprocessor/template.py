@@ -19,7 +19,7 @@ import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from preprocessor.content import Conversation, Embeds, Image, Text
+from preprocessor.content import Conversation, Embeds, Image, ImageEmbeds, Text
 from preprocessor.sentinel import Sentinels
 from splice.errors import FailedPrecondition, InvalidArgument
 
@@ -72,8 +72,8 @@ def content_format(template: str) -> str:
 
 def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None, sentinels: Sentinels,
                       ) -> list[dict[str, Any]]:
-    """The conversation as the template sees it: the k-th prompt_embeds part -> sentinels.text(k), images ->
-    image parts."""
+    """The conversation as the template sees it: the k-th prompt_embeds part -> sentinels.text(k), images (and
+    image_embeds) -> image parts."""
     out = []
     embeds = itertools.count()  # the same order as Conversation.parts(Embeds), i.e. the tensors' order
     for msg in conv.messages:
@@ -95,7 +95,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                     pieces.append(("\n" if prev_text else "") + p.text)
                 elif isinstance(p, Embeds):
                     pieces.append(sentinels.text(next(embeds)))
-                elif isinstance(p, Image):
+                elif isinstance(p, Image | ImageEmbeds):  # precomputed features fill an image placeholder too
                     if image_placeholder is None:
                         raise FailedPrecondition(f"{p.where}: this model's processor has no image placeholder")
                     pieces.append(image_placeholder)

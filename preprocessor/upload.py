@@ -1,8 +1,9 @@
 """The Upload stream (preprocessor.proto) -> the Chat or Complete request it carries, with the bytes of its
-streamed prompt_embeds tensors assembled into buffers of their declared sizes (no message size ceiling).
+streamed prompt_embeds (and image_embeds) tensors assembled into buffers of their declared sizes (no message size
+ceiling).
 
-A streamed tensor is a raw prompt_embeds `tensor` of the request whose data is empty and whose declared size
-is not; its bytes follow as TensorChunk messages, counted in request order. Sizes and counts are checked
+A streamed tensor is a raw prompt_embeds or image_embeds `tensor` of the request whose data is empty and whose
+declared size is not; its bytes follow as TensorChunk messages, counted in request order. Sizes and counts are checked
 against the Limits, and the request's declared size against admission (preprocessor/admission.py), before
 anything is allocated; the tensors are handed on as views of those buffers.
 """
@@ -22,17 +23,19 @@ from splice.v1 import preprocessor_pb2 as pp
 Request = pp.ChatRequest | pp.CompleteRequest
 
 
-def raw_embeds(request: Request) -> Iterator[tuple[Where, common_pb2.Tensor]]:
-    """Every raw prompt_embeds tensor of `request`, in request order, with where it is."""
+def raw_embeds(request: Request) -> Iterator[tuple[Where, str, common_pb2.Tensor]]:
+    """Every raw prompt_embeds or image_embeds tensor of `request`, in request order, with where it is and which."""
     if isinstance(request, pp.ChatRequest):
         for m, msg in enumerate(request.messages):
             for i, part in enumerate(msg.content):
-                if part.WhichOneof("kind") == "prompt_embeds" and part.prompt_embeds.WhichOneof("encoding") == "tensor":
-                    yield Where(m, i), part.prompt_embeds.tensor
+                kind = part.WhichOneof("kind")
+                embeds = part.image_embeds.embeds if kind == "image_embeds" else part.prompt_embeds
+                if kind in ("prompt_embeds", "image_embeds") and embeds.WhichOneof("encoding") == "tensor":
+                    yield Where(m, i), kind, embeds.tensor
     else:
         for i, part in enumerate(request.prompt):
             if part.WhichOneof("kind") == "prompt_embeds" and part.prompt_embeds.WhichOneof("encoding") == "tensor":
-                yield Where(None, i), part.prompt_embeds.tensor
+                yield Where(None, i), "prompt_embeds", part.prompt_embeds.tensor
 
 
 class UploadAssembler:
@@ -60,8 +63,9 @@ class UploadAssembler:
 
     def _on_request(self, request: Request) -> None:
         declared: list[Declared] = []
-        for where, t in raw_embeds(request):
-            what = f"{where}: prompt_embeds"
+        kinds: list[str] = []
+        for where, kind, t in raw_embeds(request):
+            what = f"{where}: {kind}"
             shape = tuple(t.shape)
             if t.data or not shape or 0 in shape:
                 continue  # sent inline (or nothing to stream): decoded as in Chat / Complete
@@ -73,10 +77,11 @@ class UploadAssembler:
                 raise InvalidArgument(f"{what} of shape {list(shape)} is {d.nbytes} bytes; at most "
                                       f"{self._limits.max_embeds_bytes}")
             declared.append(d)
+            kinds.append(kind)
             self._where.append(where)
-        if len(declared) > self._limits.max_embeds_parts:
-            raise InvalidArgument(f"the request streams {len(declared)} prompt_embeds parts; at most "
-                                  f"{self._limits.max_embeds_parts}")
+        for kind, most in (("prompt_embeds", self._limits.max_embeds_parts), ("image_embeds", self._limits.max_images)):
+            if kinds.count(kind) > most:
+                raise InvalidArgument(f"the request streams {kinds.count(kind)} {kind} parts; at most {most}")
         if self._admit is not None:
             self._admit(request.ByteSize() + sum(d.nbytes for d in declared))
         self._tensors = TensorAssembly(declared)

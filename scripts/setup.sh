@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a virtualenv and installs Splice with its test extra.
-# VENV=path overrides the location (default .venv). torch is pinned to the CPU build that pip finds
-# locally; an unpinned torch would pull a multi-GB CUDA build.
+# VENV=path overrides the location (default .venv). torch is installed first, pinned (TORCH_VERSION), from pip's
+# configured indexes, or from TORCH_INDEX when set (e.g. https://download.pytorch.org/whl/cpu: on stock PyPI the
+# Linux wheel is the multi-GB CUDA build). A torch already in the venv is kept.
 # A line per phase; pip's own output goes to $VENV/splice-install.log, shown whole if pip fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: torch already installed in $VENV"
 else
   echo "setup: installing torch $TORCH_VERSION (the longest step, about a minute) ... log: $log"
-  pip_install "torch==$TORCH_VERSION"
+  pip_install "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 fi
 echo "setup: installing splice and its dependencies ... log: $log"
 pip_install -e ".[test]"

@@ -6,7 +6,7 @@ VENV=${VENV:-.venv}
 bash scripts/setup.sh
 "$VENV/bin/ruff" check .
 set +e
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest -ra "$@"  # -ra: every skip and failure says why
 rc=$?
 set -e
 # pytest exits 5 when it collected nothing; that is a broken suite here, not a pass.

@@ -9,6 +9,9 @@ import torch
 from splice.sampling import SamplingParams
 
 PROMPT_EMBEDS = "prompt_embeds"
+# Precomputed image features (vLLM's image_embeds): [rows, hidden] of every image of the request, in placeholder order,
+# merged at the image-token positions instead of what the vision tower would make of pixels.
+IMAGE_EMBEDS = "image_embeds"
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class EmbedSpan:
 
 @dataclass(frozen=True)
 class NamedTensor:
-    name: str  # PROMPT_EMBEDS, or the forward() keyword of a model input ("pixel_values", ...)
+    name: str  # PROMPT_EMBEDS, IMAGE_EMBEDS, or the forward() keyword of a model input ("pixel_values", ...)
     tensor: torch.Tensor
 
 
@@ -43,5 +46,5 @@ class EngineRequest:
 
     @property
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Tensors other than prompt embeddings, by forward() keyword (pixel_values, ...)."""
+        """Tensors other than prompt embeddings, by forward() keyword (pixel_values, ...) or IMAGE_EMBEDS."""
         return {t.name: t.tensor for t in self.tensors if t.name != PROMPT_EMBEDS}

@@ -1,34 +1,65 @@
-"""`splice chat`'s sampling flags become the client's keywords (and so the SamplingParams the server checks)."""
+"""`splice chat`'s flags become the client's keywords (and so the SamplingParams and ChatRequest the server
+checks), under vLLM's field names."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.cli import build_parser, chat_sampling
+from app.cli import build_parser, chat_fields, chat_sampling
+from clients.requests import chat_request
 from splice.sampling import SamplingParams
 
 
+def _args(*flags: str):
+    return build_parser().parse_args(["chat", "Hi", *flags])
+
+
 def _sampling(*flags: str) -> dict:
-    return chat_sampling(build_parser().parse_args(["chat", "Hi", *flags]))
+    return chat_sampling(_args(*flags))
 
 
 def test_defaults_send_only_temperature_and_max_tokens():
     assert _sampling() == {"temperature": 0.0, "max_tokens": 64}
+    assert chat_fields(_args()) == {}
 
 
 def test_every_control_flag_reaches_sampling_params():
     got = _sampling("--seed", "3", "--top-p", "0.9", "--top-k", "5", "--presence-penalty", "0.5",
                     "--frequency-penalty", "-1", "--repetition-penalty", "1.2", "--min-p", "0.1", "--min-tokens", "4",
-                    "--logit-bias", "50=-100", "--logit-bias", "7=2.5", "--bad-word", "red", "--bad-word", "blue",
-                    "--stop", "END", "--include-stop-str", "--n", "3")
+                    "--logit-bias", "50=-100", "--logit-bias", "7=2.5", "--bad-words", "red", "--bad-words", "blue",
+                    "--stop", "END", "--include-stop-str-in-output", "--allowed-token-ids", "1,2,3",
+                    "--stop-token-ids", "9", "--ignore-eos", "--no-skip-special-tokens", "--top-logprobs", "5",
+                    "--n", "3")
     p = SamplingParams(**got)
     assert (p.seed, p.top_p, p.top_k, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p,
             p.min_tokens) == (3, 0.9, 5, 0.5, -1.0, 1.2, 0.1, 4)
     assert p.logit_bias == ((7, 2.5), (50, -100.0)) and p.bad_words == ("red", "blue")
     assert p.stop == ("END",) and p.include_stop_str_in_output and p.n == 3
+    assert p.allowed_token_ids == (1, 2, 3) and p.stop_token_ids == (9,) and p.ignore_eos
+    assert not p.skip_special_tokens and p.logprobs and p.top_logprobs == 5  # (top_logprobs implies logprobs)
+    assert SamplingParams(**_sampling("--logprobs")).logprobs
 
 
-def test_a_malformed_logit_bias_is_a_usage_error(capsys):
+def test_every_chat_field_flag_reaches_the_chat_request():
+    fields = chat_fields(_args("--continue-final-message", "--add-special-tokens", "--documents",
+                               '[{"title": "Moon", "text": "rock"}]', "--reasoning-effort", "low",
+                               "--chat-template-kwargs", '{"enable_thinking": false}',
+                               "--mm-processor-kwargs", '{"max_pixels": 1024}'))
+    req = chat_request([{"role": "user", "content": "Hi"}], **fields)
+    assert req.continue_final_message and not req.add_generation_prompt and req.add_special_tokens
+    assert [dict(d) for d in req.documents] == [{"title": "Moon", "text": "rock"}]
+    assert req.reasoning_effort == "low" and req.chat_template_kwargs["enable_thinking"] is False
+    assert req.mm_processor_kwargs["max_pixels"] == 1024
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--logit-bias", "50:-1"), "TOKEN_ID=BIAS"),
+    (("--allowed-token-ids", "1,x"), "separated by commas"),
+    (("--documents", '{"title": "x"}'), "expected a JSON array"),
+    (("--mm-processor-kwargs", "{max_pixels: 3}"), "not JSON"),
+    (("--reasoning-effort", "extreme"), "invalid choice"),
+])
+def test_a_malformed_flag_is_a_usage_error(capsys, flags, needle):
     with pytest.raises(SystemExit) as exit_:
-        _sampling("--logit-bias", "50:-1")
-    assert exit_.value.code == 2 and "TOKEN_ID=BIAS" in capsys.readouterr().err
+        _args(*flags)
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err

@@ -3,6 +3,7 @@ image, a missing embeddings file."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -60,3 +61,14 @@ def test_a_busy_port_names_its_flag_before_the_model_is_touched(busy_port, comma
     assert out.returncode == 2, out.stderr
     assert out.stderr == (f"splice {command}: port {busy_port} on 127.0.0.1 is in use: pass {flag} to choose "
                           f"another (0: a free one)\n")
+
+
+@pytest.mark.parametrize("command", ["up", "engine", "demo"])
+def test_a_mistyped_built_in_model_is_one_line_with_the_name_meant(command):
+    # no network here: were the name tried on the Hub first, the line would be about reaching the Hub
+    out = subprocess.run([sys.executable, "-m", "app.cli", command, "--model", "tiny-idefics3-color"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "did you mean 'tiny-idefics3-colors'?" in last, out.stderr

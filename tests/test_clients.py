@@ -45,6 +45,43 @@ def test_chat_request_sampling_and_template_fields():
     assert not chat_request([]).HasField("add_generation_prompt")
 
 
+# Every SamplingParams field a caller sets, by vLLM's HTTP name, at a value off its default (floats exact in float32).
+VLLM_SAMPLING = {"temperature": 0.5, "top_p": 0.75, "top_k": 5, "seed": 7, "max_tokens": 9, "stop": ["END"],
+                 "stop_token_ids": [3], "ignore_eos": True, "logprobs": True, "top_logprobs": 4,
+                 "skip_special_tokens": False, "presence_penalty": 0.5, "frequency_penalty": -1.0,
+                 "repetition_penalty": 1.25, "min_p": 0.125, "min_tokens": 2, "logit_bias": {"50": -100.0},
+                 "allowed_token_ids": [1, 2], "bad_words": ["red"], "include_stop_str_in_output": True, "n": 3}
+
+
+def test_every_sampling_field_reaches_the_request_by_vllms_name():
+    settable = {f.name for f in common_pb2.SamplingParams.DESCRIPTOR.fields} - {"bad_words_token_ids"}
+    assert set(VLLM_SAMPLING) == settable  # (a new field joins this test)
+    pb = chat_request([{"role": "user", "content": "hi"}], **VLLM_SAMPLING).sampling
+    for name, value in VLLM_SAMPLING.items():
+        got = getattr(pb, name)
+        if name == "logit_bias":
+            assert dict(got) == {50: -100.0}
+        elif isinstance(value, list):
+            assert list(got) == value, name
+        else:
+            assert got == value, name
+    # vLLM's spellings: one stop string, top_k -1 for off
+    pb = chat_request([], stop="END", top_k=-1).sampling
+    assert list(pb.stop) == ["END"] and pb.top_k == 0
+
+
+def test_chat_request_carries_vllms_chat_fields():
+    docs = [{"title": "Moon", "text": "rock"}]
+    req = chat_request([{"role": "user", "content": "hi"}], add_generation_prompt=False, continue_final_message=True,
+                       add_special_tokens=True, documents=docs, reasoning_effort="low",
+                       mm_processor_kwargs={"max_pixels": 1024})
+    assert req.continue_final_message and req.add_special_tokens and req.reasoning_effort == "low"
+    assert [dict(d) for d in req.documents] == docs and req.mm_processor_kwargs["max_pixels"] == 1024
+    plain = chat_request([])
+    assert not (plain.continue_final_message or plain.add_special_tokens or plain.documents)
+    assert not plain.HasField("reasoning_effort") and not plain.HasField("mm_processor_kwargs")
+
+
 def test_complete_request_parts():
     req = complete_request([[1, 2, 3], "text", torch.zeros(2, 4)])
     assert [p.WhichOneof("kind") for p in req.prompt] == ["token_ids", "text", "prompt_embeds"]
@@ -108,3 +145,12 @@ def test_splice_chat_with_a_missing_or_corrupt_file_prints_one_line(tmp_path, ca
     assert main(["chat", "Hi", "--target", "127.0.0.1:1", "--image", str(image)]) == 2  # as a missing --embeds file
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.png" in err[0], err
+
+
+def test_tokenize_passes_add_special_tokens_to_the_conversation():
+    from clients.requests import tokenize_request
+
+    req = tokenize_request([{"role": "user", "content": "hi"}], add_special_tokens=True)
+    assert req.chat.add_special_tokens and not req.HasField("add_special_tokens")
+    req = tokenize_request(None, text="hi", add_special_tokens=False)
+    assert req.HasField("add_special_tokens") and not req.add_special_tokens

@@ -7,6 +7,7 @@ Upload shares with every other call)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -26,7 +27,33 @@ from tests.preprocessor.pp_factories import files_for, model_info_from_config
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 IDLE_TIMEOUT = 1.0
+# While the checks that need stalled streams run, the idle timeout is this long, so that it cannot end them first
+# however slow the machine; then it is lowered and each stream sends one more piece before it goes silent for good.
+LONG_IDLE = 3600.0
+TAIL = 4  # bytes of that last piece
+GUARD = 120.0  # seconds a wait for a state may take before it fails the test (a hang, not a slow machine)
 GARBAGE = b"\xff\xff\xff\xff\x0f"  # a field tag whose varint never ends
+
+
+async def _until(done, what: str) -> None:
+    """Waits until `done()` holds; fails the test if it still does not after GUARD seconds."""
+    deadline = time.monotonic() + GUARD
+    while not done():
+        assert time.monotonic() < deadline, f"still not {what} after {GUARD:g} s"
+        await asyncio.sleep(0.01)
+
+
+async def _abandoned(call) -> None:
+    """The server ends a silent stream with its idle-timeout refusal (waited for under GUARD)."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(_drain(call), GUARD)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+    assert "--upload-idle-timeout" in err.value.details()
+
+
+async def _drain(call) -> None:
+    async for _ in call:
+        pass
 
 
 def _bad_utf8(message, text: str) -> bytes:
@@ -121,14 +148,18 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
         embed_spans=[common_pb2.EmbedSpan(offset=1, length=rows, tensor_index=0)],
         tensors=[engine_pb2.TensorMeta(name="prompt_embeds", dtype="float32", shape=[rows, info.hidden_size])],
         sampling=common_pb2.SamplingParams(max_tokens=1))
-    budget = engine_server.servicer.budget
+    servicer = engine_server.servicer
+    budget = servicer.budget
     saved, budget.limit = budget.limit, nbytes + nbytes // 2  # not room for a whole one beside two halves
-    never = asyncio.Event()
+    servicer.upload_idle_timeout = LONG_IDLE
+    resume, never = asyncio.Event(), asyncio.Event()
 
     async def stalls(sent: int):  # the header, one chunk of `sent` bytes (if any), then silence
         yield engine_pb2.GenerateRequestPart(header=header)
         if sent:
             yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(sent)))
+        await resume.wait()
+        yield engine_pb2.GenerateRequestPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(TAIL)))
         await never.wait()
 
     async def complete():
@@ -141,27 +172,23 @@ async def test_stalled_uploads_time_out_and_release_the_tensor_budget(engine_ser
             # Silent after the header: they hold nothing, however much they declared.
             idle = [stub.Generate(stalls(0)) for _ in range(4)] + [stub.Generate(stalls(nbytes // 2))
                                                                    for _ in range(2)]
-            for _ in range(200):
-                if budget.used == nbytes:
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
-            assert budget.used == nbytes  # the two halves sent
+            await _until(lambda: budget.used == nbytes, "holding the two halves sent")
             with pytest.raises(grpc.aio.AioRpcError) as busy:
                 _ = [r async for r in stub.Generate(complete())]
             assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            began = time.monotonic()
+            assert budget.used == nbytes  # (the refused one gave back what it took)
+            servicer.upload_idle_timeout = IDLE_TIMEOUT
+            resume.set()  # one more piece each, then silence: each is abandoned, and gives back what it held
             for call in idle:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    _ = [r async for r in call]
-                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                assert "--upload-idle-timeout" in err.value.details()
-            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+                await _abandoned(call)
             assert budget.used == 0
             done = [r async for r in stub.Generate(complete())]
             assert done[-1].usage.completion_tokens == 1
     finally:
+        resume.set()
+        never.set()
         budget.limit = saved
+        servicer.upload_idle_timeout = IDLE_TIMEOUT
 
 
 async def test_uploads_hold_what_they_sent_and_silent_ones_time_out(tiny_dirs):
@@ -174,7 +201,7 @@ async def test_uploads_hold_what_they_sent_and_silent_ones_time_out(tiny_dirs):
     rows = 64
     nbytes = rows * info.hidden_size * 4
     admission = Admission(max_concurrent=1, max_bytes=nbytes + nbytes // 2)
-    core = PreprocessorCore(files_for(path), info, limits=Limits(upload_idle_timeout=IDLE_TIMEOUT))
+    core = PreprocessorCore(files_for(path), info, limits=Limits(upload_idle_timeout=LONG_IDLE))
     server = PreprocessorServer(core=core, admission=admission)
     port = await server.start()
 
@@ -183,27 +210,23 @@ async def test_uploads_hold_what_they_sent_and_silent_ones_time_out(tiny_dirs):
             role="user", content=[preprocessor_pb2.ContentPart(prompt_embeds=preprocessor_pb2.PromptEmbeds(
                 tensor=common_pb2.Tensor(dtype="float32", shape=[n, info.hidden_size])))])]))
 
-    never = asyncio.Event()
+    resume, never = asyncio.Event(), asyncio.Event()
 
     async def sends(n: int, then_silent: bool = True):  # declares `rows`, sends `n` bytes of them
         yield declaring(rows)
         if n:
             yield preprocessor_pb2.UploadPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(n)))
         if then_silent:
+            await resume.wait()
+            yield preprocessor_pb2.UploadPart(chunk=common_pb2.TensorChunk(tensor_index=0, data=bytes(TAIL)))
             await never.wait()
-
-    async def held_reaches(n: int) -> None:
-        for _ in range(200):
-            if admission.held >= n:
-                return
-            await asyncio.sleep(0.01)
 
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             upload = channel.stream_stream("/splice.v1.Preprocessor/Upload",
                                            request_serializer=preprocessor_pb2.UploadPart.SerializeToString)
             silent = [upload(sends(0)) for _ in range(3)] + [upload(sends(nbytes // 2))]
-            await held_reaches(nbytes // 2)
+            await _until(lambda: admission.held >= nbytes // 2, "holding the half sent")
             assert admission.running == 0 and nbytes // 2 <= admission.held < nbytes // 2 + 1024, admission.held
             # A unary call still finds its place: the silent streams hold none.
             tokenize = channel.unary_unary("/splice.v1.Preprocessor/Tokenize",
@@ -222,14 +245,12 @@ async def test_uploads_hold_what_they_sent_and_silent_ones_time_out(tiny_dirs):
                 _ = [r async for r in upload(iter([too_big]))]
             assert never_fits.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "larger than" in never_fits.value.details()
-            began = time.monotonic()
+            core.limits = dataclasses.replace(core.limits, upload_idle_timeout=IDLE_TIMEOUT)
+            resume.set()  # one more piece each, then silence: each is abandoned, and gives back what it held
             for call in silent:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    _ = [r async for r in call]
-                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
-                assert "--upload-idle-timeout" in err.value.details()
-            assert time.monotonic() - began < IDLE_TIMEOUT + 2
+                await _abandoned(call)
             assert admission.running == 0 and admission.held == 0
     finally:
+        resume.set()
         never.set()
         await server.stop(0)

@@ -50,3 +50,13 @@ def test_a_failed_install_shows_its_log_and_stops(tmp_path):
     assert "ERROR: no matching distribution" in out.stderr
     assert out.stderr.splitlines()[-1].startswith("setup: pip install torch==2.13.0 failed (log: ")
     assert "-e .[test]" not in (venv / "calls").read_text()
+
+
+def test_torch_index_picks_where_torch_comes_from(tmp_path):
+    # on stock PyPI the Linux torch wheel is the CUDA build; TORCH_INDEX takes it from PyTorch's CPU index instead
+    venv = _venv(tmp_path)
+    out = _setup(venv, TORCH_INDEX="https://download.pytorch.org/whl/cpu")
+    assert out.returncode == 0, out.stderr
+    torch_call, project_call = [c for c in (venv / "calls").read_text().splitlines() if c.startswith("-m pip")]
+    assert torch_call == "-m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert "--index-url" not in project_call  # the project's own dependencies come from pip's usual indexes

@@ -15,14 +15,14 @@ position_dims (1, or 3 for M-RoPE).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 
 from engine.models.attention import use_grouped_sdpa
 from engine.models.lean_llama import LeanDecoder, unsupported
 from engine.models.slot_cache import SlotKVCache
-from splice.engine_request import EngineRequest
+from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.request_rules import check_finite, check_float_dtype
 
@@ -76,16 +76,26 @@ def feature_rows(out: Any) -> torch.Tensor:
     return feats.reshape(-1, feats.shape[-1])
 
 
-class ImageGeometry(Protocol):
-    """What a family's image tensors must look like, from its config alone (testable without weights)."""
+class ImageGeometry:
+    """What a family's image tensors must look like, from its config alone (testable without weights).
+
+    Precomputed features (IMAGE_EMBEDS) skip the vision tower: they travel with the tensors in `beside_embeds`,
+    those of the family's image inputs that its positions or masks read besides the image-token positions."""
+
+    beside_embeds: ClassVar[tuple[str, ...]] = ()
 
     def expected_rows(self, inputs: dict[str, torch.Tensor]) -> int:
         """Feature rows `inputs` make; InvalidArgument naming the tensor when they are malformed."""
-        ...
+        raise NotImplementedError
+
+    def embeds_rows(self, inputs: dict[str, torch.Tensor]) -> int | None:
+        """Feature rows the `beside_embeds` tensors describe (InvalidArgument when malformed); None where they
+        describe none."""
+        return None
 
 
 @dataclass(frozen=True)
-class SquareImages:
+class SquareImages(ImageGeometry):
     """[images, channels, side, side] pixels -> the same number of feature rows for every image (LLaVA's patches,
     Gemma 3's pooled soft tokens; Gemma 3's pan-and-scan crops are images too)."""
 
@@ -212,7 +222,9 @@ class ModelFamily:
         inputs = req.model_inputs
         if inputs:
             image_mask = (ids == self.image_token_id) & ~span_mask
-            embeds[image_mask] = self.image_features(inputs).to(self.dtype)
+            # supplied features (validated against the image tokens) skip the vision tower
+            features = inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs else self.image_features(inputs)
+            embeds[image_mask] = features.to(device=self.device, dtype=self.dtype)
         for span in req.embed_spans:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
                                                                                    dtype=self.dtype)

@@ -20,14 +20,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
 from splice.errors import FailedPrecondition, InvalidArgument
 
 IMAGE_INPUTS = ("pixel_values", "image_position_ids")
 
 
 @dataclass(frozen=True)
-class Gemma4Images:
+class Gemma4Images(ImageGeometry):
     """pixel_values [images, patches, 3 * patch**2] with image_position_ids [images, patches, 2] (x, y; (-1, -1) is
     padding) -> one row per k x k block of each image's real patches, which must fill a grid of k-multiples."""
 

@@ -8,12 +8,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, check_float, check_names, feature_rows
 from splice.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
-class Idefics3Images:
+class Idefics3Images(ImageGeometry):
     """[batch, tiles, channels, side, side] pixels -> rows per real tile. All-zero tiles are batch padding
     and make no rows, exactly as the HF model drops them."""
 

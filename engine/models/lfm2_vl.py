@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
 from engine.models.hybrid_cache import HybridCache, recurrent_mask
 from splice.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
-class Lfm2VlImages:
+class Lfm2VlImages(ImageGeometry):
     channels: int
     patch_size: int
     max_patches: int  # the tower's position grid: at most this many patches per tile

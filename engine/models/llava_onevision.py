@@ -15,14 +15,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, check_float, check_names, feature_rows
 from splice.errors import FailedPrecondition, InvalidArgument
 
 INTEGER = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 @dataclass(frozen=True)
-class OnevisionImages:
+class OnevisionImages(ImageGeometry):
     """pixel_values [images, crops, channels, side, side] (zero crops pad an image to the longest),
     image_sizes [images, 2] (height, width before resizing), batch_num_images [prompts] (optional: an image
     of a prompt with several images is not cropped, only its base view is used, as HF does)."""

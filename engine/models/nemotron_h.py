@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
 from engine.models.hybrid_cache import HybridCache, recurrent_mask
 from splice.errors import InvalidArgument
 
@@ -26,7 +26,7 @@ INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8)
 
 
 @dataclass(frozen=True)
-class NemotronOmniImages:
+class NemotronOmniImages(ImageGeometry):
     """pixel_values [patches, channels * patch**2] (every image's patches, concatenated) + image_grid_hw
     [images, 2] patch grids -> one row per merge x merge patches (the pixel shuffle)."""
 

@@ -13,17 +13,18 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, check_float, check_names, feature_rows
 from splice.errors import InvalidArgument
 
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 @dataclass(frozen=True)
-class Qwen2VLImages:
+class Qwen2VLImages(ImageGeometry):
     """pixel_values [patches, channels * temporal_patch * patch * patch] with image_grid_thw [images, 3]:
     image i owns t*h*w patch rows and makes t*h*w / merge**2 feature rows."""
 
+    beside_embeds: ClassVar[tuple[str, ...]] = ("image_grid_thw",)  # M-RoPE lays each image's rows on its grid
     channels: int
     temporal_patch_size: int
     patch_size: int
@@ -44,7 +45,22 @@ class Qwen2VLImages:
 
     def expected_rows(self, inputs: dict[str, torch.Tensor]) -> int:
         check_names(inputs, ("pixel_values", "image_grid_thw"), ("pixel_values", "image_grid_thw"))
-        grid = inputs["image_grid_thw"]  # [images, 3]
+        grid = self._grid(inputs)
+        pv = inputs["pixel_values"]  # [patches, patch_dim]
+        patches = sum(t * h * w for t, h, w in grid.tolist())
+        if pv.dim() != 2 or tuple(pv.shape) != (patches, self.patch_dim):
+            raise InvalidArgument(f"pixel_values: shape {list(pv.shape)}, expected [{patches}, {self.patch_dim}] "
+                                  f"(image_grid_thw's t*h*w patches of {self.channels}*{self.temporal_patch_size}*"
+                                  f"{self.patch_size}*{self.patch_size} values)")
+        check_float("pixel_values", pv)
+        return sum(self.rows_per_image(grid))
+
+    def embeds_rows(self, inputs: dict[str, torch.Tensor]) -> int:
+        return sum(self.rows_per_image(self._grid(inputs)))
+
+    def _grid(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """image_grid_thw [images, 3], checked."""
+        grid = inputs["image_grid_thw"]
         if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
             raise InvalidArgument(f"image_grid_thw: shape {list(grid.shape)}, expected [images, 3] (t, h, w)")
         if grid.dtype not in INTEGER_DTYPES:
@@ -54,14 +70,7 @@ class Qwen2VLImages:
             if t < 1 or h < 1 or w < 1 or h % self.merge_size or w % self.merge_size:
                 raise InvalidArgument(f"image_grid_thw[{i}]: {[t, h, w]}, expected positive (t, h, w) with h and w "
                                       f"multiples of the merge size {self.merge_size}")
-        pv = inputs["pixel_values"]  # [patches, patch_dim]
-        patches = sum(t * h * w for t, h, w in grid.tolist())
-        if pv.dim() != 2 or tuple(pv.shape) != (patches, self.patch_dim):
-            raise InvalidArgument(f"pixel_values: shape {list(pv.shape)}, expected [{patches}, {self.patch_dim}] "
-                                  f"(image_grid_thw's t*h*w patches of {self.channels}*{self.temporal_patch_size}*"
-                                  f"{self.patch_size}*{self.patch_size} values)")
-        check_float("pixel_values", pv)
-        return sum(self.rows_per_image(grid))
+        return grid
 
 
 class Qwen2VL(ModelFamily):

@@ -12,17 +12,30 @@ import binascii
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from preprocessor.content import Conversation, Embeds, Image, Message, Part, PromptPart, Text, TokenIds, Where
+from preprocessor.content import (
+    Conversation,
+    Embeds,
+    Image,
+    ImageEmbeds,
+    Message,
+    Part,
+    PromptPart,
+    Text,
+    TokenIds,
+    Where,
+)
 from preprocessor.http.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     GenerationFields,
+    ImageEmbedsPart,
     ImageUrlPart,
     PromptEmbedsPart,
     TextPart,
     TokenizeChatRequest,
 )
+from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
 from splice.sampling import INT_RANGES, SamplingParams
 
@@ -31,15 +44,31 @@ SAFETENSORS_MARKER = "safetensors:"
 REMOTE_SCHEMES = ("http", "https")
 
 
-def embeds_from_http(data: str, where: Where) -> Embeds:
+def embeds_from_http(data: str, where: Where, label: str = "prompt_embeds") -> Embeds:
     if data.startswith(SAFETENSORS_MARKER):
         try:
             blob = base64.b64decode(data[len(SAFETENSORS_MARKER):], validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise InvalidArgument(f"{where}: prompt_embeds after {SAFETENSORS_MARKER!r} is not valid base64: "
+            raise InvalidArgument(f"{where}: {label} after {SAFETENSORS_MARKER!r} is not valid base64: "
                                   f"{exc}") from None
-        return Embeds("safetensors", blob, where)
-    return Embeds("torch_base64", data, where)
+        return Embeds("safetensors", blob, where, label)
+    return Embeds("torch_base64", data, where, label)
+
+
+def image_embeds_from_http(part: ImageEmbedsPart, where: Where) -> ImageEmbeds:
+    """vLLM's image_embeds part: the rows' string, or a dict of it ("image_embeds") and the geometry."""
+    value = part.image_embeds
+    if value is None:
+        raise InvalidArgument(f"{where}: image_embeds is null; send the image's features (this server keeps no "
+                              f"cache for a uuid to name)")
+    if isinstance(value, str):
+        return ImageEmbeds(embeds_from_http(value, where, "image_embeds"), {}, where)
+    rows = value.get("image_embeds")
+    if not isinstance(rows, str):
+        raise InvalidArgument(f"{where}: an image_embeds dict holds the features as base64 under 'image_embeds', "
+                              f"beside the geometry; got keys {sorted(value)[:8]}")
+    geometry = {k: v for k, v in value.items() if k != "image_embeds"}
+    return ImageEmbeds(embeds_from_http(rows, where, "image_embeds"), geometry, where)
 
 
 def scheme(url: str) -> str:
@@ -64,6 +93,8 @@ def _part(part: object, where: Where) -> Part:
         return image_from_http(part.image_url.url, where)
     if isinstance(part, PromptEmbedsPart):
         return embeds_from_http(part.data, where)
+    if isinstance(part, ImageEmbedsPart):
+        return image_embeds_from_http(part, where)
     return Text(part.text, where)  # TextPart: the schema's discriminator admits nothing else
 
 
@@ -74,24 +105,12 @@ def message_from_http(msg: ChatMessage, index: int) -> Message:
     return Message(msg.role, parts, False, index)
 
 
-def template_kwargs_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
-    """chat_template_kwargs, then the request's own template arguments where set (vLLM's merge: those win):
-    `documents`, and `reasoning_effort` (which also turns thinking on or off unless chat_template_kwargs says)."""
-    kwargs = dict(body.chat_template_kwargs or {})
-    if body.documents is not None:
-        kwargs["documents"] = body.documents
-    if body.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = body.reasoning_effort
-        kwargs.setdefault("enable_thinking", body.reasoning_effort != "none")
-    return kwargs
-
-
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
     return Conversation(
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=template_kwargs_from_http(body),
+        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort),
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
         mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),

@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
+from preprocessor.template_args import REASONING_EFFORTS
 from splice.sampling import INT32_MAX, INT_RANGES, LOGIT_BIAS_RANGE, MAX_BAD_WORDS, PENALTY_RANGE
 
 
@@ -30,6 +31,8 @@ TokenId = Annotated[int, _in(0, INT32_MAX)]  # int32 on the wire; the engine's v
 Count = Annotated[int, _in(0, INT32_MAX)]  # n: its exact rule is convert.py's, with a clearer message
 TopLogprobs = Annotated[int, _in(*INT_RANGES["top_logprobs"])]
 MinTokens = Annotated[int, _in(*INT_RANGES["min_tokens"])]
+GeometryInt = Annotated[int, Strict(), _in(0, INT32_MAX)]  # an image_embeds geometry value (JSON true is no 1)
+ReasoningEffort = Literal[REASONING_EFFORTS]  # (a tuple subscript: Literal["none", "minimal", ...])
 
 
 class _Body(BaseModel):
@@ -111,7 +114,17 @@ class PromptEmbedsPart(_Body):
     data: str
 
 
-ContentPart = Annotated[TextPart | ImageUrlPart | PromptEmbedsPart, Field(discriminator="type")]
+class ImageEmbedsPart(_Body):
+    type: Literal["image_embeds"]
+    # vLLM's: base64 of torch.save(tensor) [rows, hidden] (or [1, rows, hidden]; "safetensors:" + base64 too), or a
+    # dict holding it under "image_embeds" beside the model family's geometry (each base64 of torch.save(integer
+    # tensor), a JSON integer or a JSON list of them). None (vLLM: a uuid of a cached image) is refused: nothing is
+    # cached.
+    image_embeds: str | dict[str, str | GeometryInt | list[Any]] | None = None
+    uuid: str | None = None  # vLLM's cache key for the item: no effect on what is served
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart | PromptEmbedsPart | ImageEmbedsPart, Field(discriminator="type")]
 
 
 class ChatMessage(_Body):
@@ -169,7 +182,7 @@ class ChatCompletionRequest(GenerationFields):
     continue_final_message: bool = False
     add_special_tokens: bool = False  # special tokens on top of the template's
     documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG)
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None  # preprocessor/mm_kwargs.py
     echo: bool = False  # the answer starts with the last message's text when it has the answer's role
     return_token_ids: bool | None = None  # prompt_token_ids on the response, token_ids on each choice
@@ -205,7 +218,7 @@ class TokenizeChatRequest(_Request):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     documents: list[dict[str, str]] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
 

@@ -26,41 +26,49 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from splice.v1 import common_pb2 as splice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csplice/v1/preprocessor.proto\x12\tsplice.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16splice/v1/common.proto\"E\n\nImageInput\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04path\x18\x03 \x01(\tH\x00\x42\x08\n\x06source\"n\n\x0cPromptEmbeds\x12#\n\x06tensor\x18\x01 \x01(\x0b\x32\x11.splice.v1.TensorH\x00\x12\x16\n\x0ctorch_base64\x18\x02 \x01(\tH\x00\x12\x15\n\x0bsafetensors\x18\x03 \x01(\x0cH\x00\x42\n\n\x08\x65ncoding\"\x7f\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x05image\x18\x02 \x01(\x0b\x32\x15.splice.v1.ImageInputH\x00\x12\x30\n\rprompt_embeds\x18\x03 \x01(\x0b\x32\x17.splice.v1.PromptEmbedsH\x00\x42\x06\n\x04kind\"`\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\'\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x16.splice.v1.ContentPart\x12\x11\n\x04text\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_text\"\x9b\x02\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.splice.v1.ChatMessage\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\rchat_template\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.StructB\x18\n\x16_add_generation_promptB\x10\n\x0e_chat_template\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x80\x01\n\nPromptPart\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.splice.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x30\n\rprompt_embeds\x18\x03 \x01(\x0b\x32\x17.splice.v1.PromptEmbedsH\x00\x42\x06\n\x04kind\"\xb1\x01\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x06prompt\x18\x02 \x03(\x0b\x32\x15.splice.v1.PromptPart\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"\x95\x01\n\nUploadPart\x12&\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x16.splice.v1.ChatRequestH\x00\x12.\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x1a.splice.v1.CompleteRequestH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xe6\x01\n\x0fGenerationChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x13\n\x0bstop_reason\x18\x06 \x01(\t\x12\x15\n\rtop_token_ids\x18\x07 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x08 \x03(\x02\x12\r\n\x05index\x18\t \x01(\r\"\x8a\x01\n\x0fTokenizeRequest\x12&\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x16.splice.v1.ChatRequestH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"|\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x02 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x1a\n\x12image_token_counts\x18\x04 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t2\xa9\x03\n\x0cPreprocessor\x12<\n\x04\x43hat\x12\x16.splice.v1.ChatRequest\x1a\x1a.splice.v1.GenerationChunk0\x01\x12\x44\n\x08\x43omplete\x12\x1a.splice.v1.CompleteRequest\x1a\x1a.splice.v1.GenerationChunk0\x01\x12\x43\n\x08Tokenize\x12\x1a.splice.v1.TokenizeRequest\x1a\x1b.splice.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.splice.v1.DetokenizeRequest\x1a\x1d.splice.v1.DetokenizeResponse\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfo\x12?\n\x06Upload\x12\x15.splice.v1.UploadPart\x1a\x1a.splice.v1.GenerationChunk(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csplice/v1/preprocessor.proto\x12\tsplice.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16splice/v1/common.proto\"E\n\nImageInput\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04path\x18\x03 \x01(\tH\x00\x42\x08\n\x06source\"n\n\x0cPromptEmbeds\x12#\n\x06tensor\x18\x01 \x01(\x0b\x32\x11.splice.v1.TensorH\x00\x12\x16\n\x0ctorch_base64\x18\x02 \x01(\tH\x00\x12\x15\n\x0bsafetensors\x18\x03 \x01(\x0cH\x00\x42\n\n\x08\x65ncoding\"\x1a\n\x08Integers\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\xb4\x01\n\x0bImageEmbeds\x12\'\n\x06\x65mbeds\x18\x01 \x01(\x0b\x32\x17.splice.v1.PromptEmbeds\x12\x36\n\x08geometry\x18\x02 \x03(\x0b\x32$.splice.v1.ImageEmbeds.GeometryEntry\x1a\x44\n\rGeometryEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.splice.v1.Integers:\x02\x38\x01\"\xaf\x01\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x05image\x18\x02 \x01(\x0b\x32\x15.splice.v1.ImageInputH\x00\x12\x30\n\rprompt_embeds\x18\x03 \x01(\x0b\x32\x17.splice.v1.PromptEmbedsH\x00\x12.\n\x0cimage_embeds\x18\x04 \x01(\x0b\x32\x16.splice.v1.ImageEmbedsH\x00\x42\x06\n\x04kind\"`\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\'\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x16.splice.v1.ContentPart\x12\x11\n\x04text\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_text\"\xed\x03\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.splice.v1.ChatMessage\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\rchat_template\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1e\n\x16\x63ontinue_final_message\x18\x07 \x01(\x08\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x08 \x01(\x08\x12*\n\tdocuments\x18\t \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x1d\n\x10reasoning_effort\x18\n \x01(\tH\x02\x88\x01\x01\x12\x34\n\x13mm_processor_kwargs\x18\x0b \x01(\x0b\x32\x17.google.protobuf.StructB\x18\n\x16_add_generation_promptB\x10\n\x0e_chat_templateB\x13\n\x11_reasoning_effort\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x80\x01\n\nPromptPart\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.splice.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x30\n\rprompt_embeds\x18\x03 \x01(\x0b\x32\x17.splice.v1.PromptEmbedsH\x00\x42\x06\n\x04kind\"\xb1\x01\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x06prompt\x18\x02 \x03(\x0b\x32\x15.splice.v1.PromptPart\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"\x95\x01\n\nUploadPart\x12&\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x16.splice.v1.ChatRequestH\x00\x12.\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x1a.splice.v1.CompleteRequestH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xe6\x01\n\x0fGenerationChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x13\n\x0bstop_reason\x18\x06 \x01(\t\x12\x15\n\rtop_token_ids\x18\x07 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x08 \x03(\x02\x12\r\n\x05index\x18\t \x01(\r\"\x8a\x01\n\x0fTokenizeRequest\x12&\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x16.splice.v1.ChatRequestH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"|\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x02 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x1a\n\x12image_token_counts\x18\x04 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t2\xa9\x03\n\x0cPreprocessor\x12<\n\x04\x43hat\x12\x16.splice.v1.ChatRequest\x1a\x1a.splice.v1.GenerationChunk0\x01\x12\x44\n\x08\x43omplete\x12\x1a.splice.v1.CompleteRequest\x1a\x1a.splice.v1.GenerationChunk0\x01\x12\x43\n\x08Tokenize\x12\x1a.splice.v1.TokenizeRequest\x1a\x1b.splice.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.splice.v1.DetokenizeRequest\x1a\x1d.splice.v1.DetokenizeResponse\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfo\x12?\n\x06Upload\x12\x15.splice.v1.UploadPart\x1a\x1a.splice.v1.GenerationChunk(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splice.v1.preprocessor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_IMAGEEMBEDS_GEOMETRYENTRY']._loaded_options = None
+  _globals['_IMAGEEMBEDS_GEOMETRYENTRY']._serialized_options = b'8\001'
   _globals['_IMAGEINPUT']._serialized_start=97
   _globals['_IMAGEINPUT']._serialized_end=166
   _globals['_PROMPTEMBEDS']._serialized_start=168
   _globals['_PROMPTEMBEDS']._serialized_end=278
-  _globals['_CONTENTPART']._serialized_start=280
-  _globals['_CONTENTPART']._serialized_end=407
-  _globals['_CHATMESSAGE']._serialized_start=409
-  _globals['_CHATMESSAGE']._serialized_end=505
-  _globals['_CHATREQUEST']._serialized_start=508
-  _globals['_CHATREQUEST']._serialized_end=791
-  _globals['_TOKENIDS']._serialized_start=793
-  _globals['_TOKENIDS']._serialized_end=816
-  _globals['_PROMPTPART']._serialized_start=819
-  _globals['_PROMPTPART']._serialized_end=947
-  _globals['_COMPLETEREQUEST']._serialized_start=950
-  _globals['_COMPLETEREQUEST']._serialized_end=1127
-  _globals['_UPLOADPART']._serialized_start=1130
-  _globals['_UPLOADPART']._serialized_end=1279
-  _globals['_GENERATIONCHUNK']._serialized_start=1282
-  _globals['_GENERATIONCHUNK']._serialized_end=1512
-  _globals['_TOKENIZEREQUEST']._serialized_start=1515
-  _globals['_TOKENIZEREQUEST']._serialized_end=1653
-  _globals['_TOKENIZERESPONSE']._serialized_start=1655
-  _globals['_TOKENIZERESPONSE']._serialized_end=1779
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1781
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1877
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1879
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1913
-  _globals['_PREPROCESSOR']._serialized_start=1916
-  _globals['_PREPROCESSOR']._serialized_end=2341
+  _globals['_INTEGERS']._serialized_start=280
+  _globals['_INTEGERS']._serialized_end=306
+  _globals['_IMAGEEMBEDS']._serialized_start=309
+  _globals['_IMAGEEMBEDS']._serialized_end=489
+  _globals['_IMAGEEMBEDS_GEOMETRYENTRY']._serialized_start=421
+  _globals['_IMAGEEMBEDS_GEOMETRYENTRY']._serialized_end=489
+  _globals['_CONTENTPART']._serialized_start=492
+  _globals['_CONTENTPART']._serialized_end=667
+  _globals['_CHATMESSAGE']._serialized_start=669
+  _globals['_CHATMESSAGE']._serialized_end=765
+  _globals['_CHATREQUEST']._serialized_start=768
+  _globals['_CHATREQUEST']._serialized_end=1261
+  _globals['_TOKENIDS']._serialized_start=1263
+  _globals['_TOKENIDS']._serialized_end=1286
+  _globals['_PROMPTPART']._serialized_start=1289
+  _globals['_PROMPTPART']._serialized_end=1417
+  _globals['_COMPLETEREQUEST']._serialized_start=1420
+  _globals['_COMPLETEREQUEST']._serialized_end=1597
+  _globals['_UPLOADPART']._serialized_start=1600
+  _globals['_UPLOADPART']._serialized_end=1749
+  _globals['_GENERATIONCHUNK']._serialized_start=1752
+  _globals['_GENERATIONCHUNK']._serialized_end=1982
+  _globals['_TOKENIZEREQUEST']._serialized_start=1985
+  _globals['_TOKENIZEREQUEST']._serialized_end=2123
+  _globals['_TOKENIZERESPONSE']._serialized_start=2125
+  _globals['_TOKENIZERESPONSE']._serialized_end=2249
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2251
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2347
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2349
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2383
+  _globals['_PREPROCESSOR']._serialized_start=2386
+  _globals['_PREPROCESSOR']._serialized_end=2811
 # @@protoc_insertion_point(module_scope)

@@ -28,15 +28,38 @@ class PromptEmbeds(_message.Message):
     safetensors: bytes
     def __init__(self, tensor: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., torch_base64: _Optional[str] = ..., safetensors: _Optional[bytes] = ...) -> None: ...
 
+class Integers(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ImageEmbeds(_message.Message):
+    __slots__ = ("embeds", "geometry")
+    class GeometryEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Integers
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Integers, _Mapping]] = ...) -> None: ...
+    EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    embeds: PromptEmbeds
+    geometry: _containers.MessageMap[str, Integers]
+    def __init__(self, embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., geometry: _Optional[_Mapping[str, Integers]] = ...) -> None: ...
+
 class ContentPart(_message.Message):
-    __slots__ = ("text", "image", "prompt_embeds")
+    __slots__ = ("text", "image", "prompt_embeds", "image_embeds")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_EMBEDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_EMBEDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: ImageInput
     prompt_embeds: PromptEmbeds
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ...) -> None: ...
+    image_embeds: ImageEmbeds
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ..., prompt_embeds: _Optional[_Union[PromptEmbeds, _Mapping]] = ..., image_embeds: _Optional[_Union[ImageEmbeds, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content", "text")
@@ -49,20 +72,30 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "sampling", "add_generation_prompt", "chat_template", "chat_template_kwargs")
+    __slots__ = ("request_id", "messages", "sampling", "add_generation_prompt", "chat_template", "chat_template_kwargs", "continue_final_message", "add_special_tokens", "documents", "reasoning_effort", "mm_processor_kwargs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
+    MM_PROCESSOR_KWARGS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling: _common_pb2.SamplingParams
     add_generation_prompt: bool
     chat_template: str
     chat_template_kwargs: _struct_pb2.Struct
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., chat_template: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    continue_final_message: bool
+    add_special_tokens: bool
+    documents: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    reasoning_effort: str
+    mm_processor_kwargs: _struct_pb2.Struct
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., chat_template: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., continue_final_message: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., documents: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., reasoning_effort: _Optional[str] = ..., mm_processor_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

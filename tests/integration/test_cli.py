@@ -56,7 +56,7 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
 
         controlled = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
                                      "--max-tokens", "4", "--min-tokens", "4", "--repetition-penalty", "1.3",
-                                     "--min-p", "0.1", "--bad-word", "the", "--logit-bias", "5=-3"],
+                                     "--min-p", "0.1", "--bad-words", "the", "--logit-bias", "5=-3"],
                                     capture_output=True, text=True, timeout=120)
         assert controlled.returncode == 0 and "completion_tokens=4" in controlled.stderr, controlled.stderr
         out_of_range = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",

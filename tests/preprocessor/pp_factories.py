@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from PIL import Image as PILImage
 
-from preprocessor.content import Conversation, Embeds, Image, Message, RawTensor, Text, Where
+from preprocessor.content import Conversation, Embeds, Image, ImageEmbeds, Message, RawTensor, Text, Where
 from preprocessor.core import PreprocessorCore
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles, load_model_files, load_processor
@@ -80,7 +80,8 @@ def rows(n: int, hidden: int, seed: int = 0) -> torch.Tensor:
 
 
 def conversation(*messages: tuple[str, list], **kw) -> Conversation:
-    """messages: (role, parts) where parts are str (text), bytes (image), or tensors (prompt_embeds)."""
+    """messages: (role, parts) where parts are str (text), bytes (image), tensors (prompt_embeds), or dicts
+    {"image_embeds": tensor, geometry key: integers, ...} (image_embeds)."""
     out = []
     for mi, (role, parts) in enumerate(messages):
         if isinstance(parts, str):
@@ -93,6 +94,11 @@ def conversation(*messages: tuple[str, list], **kw) -> Conversation:
                 built.append(Text(p, where))
             elif isinstance(p, bytes):
                 built.append(Image("data", p, where))
+            elif isinstance(p, dict):
+                geometry = {k: tuple(v) if isinstance(v, list | tuple) else (v,) for k, v in p.items()
+                            if k != "image_embeds"}
+                built.append(ImageEmbeds(Embeds("tensor", raw(p["image_embeds"]), where, "image_embeds"), geometry,
+                                         where))
             else:
                 built.append(Embeds("tensor", raw(p), where))
         out.append(Message(role, tuple(built), False, mi))

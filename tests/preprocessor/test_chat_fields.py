@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from google.protobuf import struct_pb2
 from transformers import AutoTokenizer
 
 from app.tiny import templates
 from preprocessor.content import Conversation, Message, Text, Where
+from preprocessor.convert import conversation_from_pb
 from preprocessor.http.convert import conversation_from_http
 from preprocessor.http.schemas import ChatCompletionRequest
 from preprocessor.limits import Limits
 from preprocessor.template import render
+from splice.errors import InvalidArgument
+from splice.v1 import common_pb2, preprocessor_pb2
 from tests.preprocessor.http_face import http_face
 from tests.preprocessor.pp_factories import trusting_core
 
@@ -132,3 +136,62 @@ def test_documents_in_a_request_template_and_their_strings_are_checked(tiny):
     bad = Conversation(conv.messages, template_kwargs={"documents": [{"title": files.sentinels.text(0), "text": ""}]})
     with pytest.raises(Exception, match="reserved"):
         core.normalize_chat(bad)
+
+
+# The HTTP chat fields the gRPC ChatRequest / SamplingParams do not carry, and why: the rest must be on both faces.
+HTTP_ONLY = {
+    "model": "one model is served; gRPC has no model field",
+    "stream": "gRPC Chat always streams",
+    "stream_options": "usage is always on the final chunk",
+    "n": "refused above 1 on HTTP too",
+    "echo": "the caller holds the text it sent",
+    "return_token_ids": "gRPC chunks always carry token IDs; Tokenize gives the prompt's",
+    "max_completion_tokens": "OpenAI's newer name of SamplingParams.max_tokens",
+}
+
+
+def test_every_http_chat_field_is_on_the_grpc_face():
+    grpc_fields = ({f.name for f in preprocessor_pb2.ChatRequest.DESCRIPTOR.fields}
+                   | {f.name for f in common_pb2.SamplingParams.DESCRIPTOR.fields})
+    missing = set(ChatCompletionRequest.model_fields) - grpc_fields - set(HTTP_ONLY)
+    assert not missing, f"HTTP chat fields with no gRPC twin: {sorted(missing)}"
+
+
+def _chat_pb(**fields):
+    def struct(value: dict) -> struct_pb2.Struct:
+        s = struct_pb2.Struct()
+        s.update(value)
+        return s
+
+    messages = [preprocessor_pb2.ChatMessage(role=m["role"], text=m["content"]) for m in fields.pop("messages")]
+    docs = [struct(d) for d in fields.pop("documents", [])]
+    structs = {k: struct(fields.pop(k)) for k in ("chat_template_kwargs", "mm_processor_kwargs") if k in fields}
+    return preprocessor_pb2.ChatRequest(messages=messages, documents=docs, **structs, **fields)
+
+
+@pytest.mark.parametrize("fields", [
+    {"add_generation_prompt": False, "continue_final_message": True},
+    {"add_special_tokens": True},
+    {"documents": DOCS, "reasoning_effort": "low"},
+    {"reasoning_effort": "none", "chat_template_kwargs": {"documents": [{"title": "Old", "text": "x"}], "n": 3}},
+    {"mm_processor_kwargs": {"max_pixels": 1024, "do_image_splitting": False}},
+])
+def test_the_grpc_request_is_the_same_conversation_as_the_http_one(fields):
+    body = {"messages": PREFILL, **fields}
+    grpc = conversation_from_pb(_chat_pb(**body))
+    assert grpc == conversation_from_http(ChatCompletionRequest(**body))
+    if "chat_template_kwargs" in fields:  # a Struct's whole number is an int, as JSON's (3 == 3.0 in Python)
+        assert type(grpc.template_kwargs["n"]) is int
+    if "mm_processor_kwargs" in fields:
+        assert type(grpc.mm_processor_kwargs["max_pixels"]) is int
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"documents": [{"title": 3}]}, "documents[0].title must be a string"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort must be one of"),
+    ({"continue_final_message": True}, "continue_final_message and add_generation_prompt"),
+])
+def test_bad_grpc_chat_fields_are_refused_by_name(fields, needle):
+    with pytest.raises(InvalidArgument) as err:
+        conversation_from_pb(_chat_pb(messages=PREFILL, **fields))
+    assert needle in err.value.message
