@@ -9,7 +9,7 @@ import asyncio
 from preprocessor.admission import Admission
 from preprocessor.content import Text, Where
 from preprocessor.core import PreprocessorCore
-from preprocessor.http.responses import ChatShape
+from preprocessor.http.responses import ChatShape, Shape
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.sampling import SamplingParams
 from tests.preprocessor.http_face import http_face
@@ -113,3 +113,25 @@ async def test_a_whole_answer_charges_n_times_max_tokens_to_admission(tiny_dirs,
                 break
             await asyncio.sleep(0.01)
         assert admission.held == 0 and admission.running == 0
+
+
+async def test_a_whole_answer_charges_each_choices_copy_of_the_prompt_logprobs(tiny_dirs, tiny):
+    """vLLM's completions show a prompt's logprobs on each of its n choices: a whole answer holds n copies, charged
+    with the list itself before the engine is reached (n = 4 refused where n = 1 fits; its 4 x 1 tokens alone would)."""
+    files, _ = tiny["tiny-text"]
+    prompt = " ".join(["red green blue"] * 40)
+    positions = len(files.tokenizer(prompt)["input_ids"])
+
+    def held(n: int) -> int:  # per position with prompt_logprobs 20
+        return Shape.PROMPT_POSITION_BYTES + 20 * Shape.PROMPT_ALTERNATIVE_BYTES + \
+            n * (Shape.PROMPT_COPY_BYTES + 20 * Shape.PROMPT_COPY_ALTERNATIVE_BYTES)
+
+    admission = Admission(max_concurrent=4, max_bytes=positions * (held(1) + held(4)) // 2)
+    async with http_face(tiny_dirs, tiny, admission=admission) as face:
+        body = {"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20}
+        served = await face.http.post("/v1/completions", json=body)
+        assert served.status_code == 200, served.text
+        refused = await face.http.post("/v1/completions", json={**body, "n": 4})
+        assert refused.status_code == 429 and f"prompt logprobs of {positions} positions" in refused.text, \
+            refused.text
+        assert len(face.engine.requests) == 1  # the refused one never reached it
