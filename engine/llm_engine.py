@@ -24,11 +24,10 @@ from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
 from engine.logits_controls import LogitsControls
 from engine.metrics import EngineStats, NoStats
-from engine.model_runner import ModelRunner, PromptPart, batch_capacity
-from engine.models import Prompt
+from engine.model_runner import ModelRunner, PromptPart, Stepped, batch_capacity
 from engine.outbox import Listener, Outbox
 from engine.sampler import make_generator, sample
-from engine.scheduler import PrefillChunk, Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
@@ -196,157 +195,87 @@ class LLMEngine:
                 self._fail_running(RuntimeError("engine step failed"))
 
     def step(self) -> bool:
-        """One iteration; False when there was nothing to run."""
+        """One iteration: every running row decodes and this step's prompt parts are prefilled (ModelRunner.step); a
+        prompt completed in it gives its first token in it. False when there was nothing to run."""
+        out, rows, arrivals = self._schedule()
+        if out.is_empty:
+            return False
+        self.steps += 1
+        start = time.perf_counter()
+        parts = self._prompt_parts(out)
+        try:
+            ran = self.runner.step([s.output_ids[-1] for s in rows], list(parts.values()))
+        except Exception as exc:  # the decode failed: the shared cache may be half-updated, every running row fails
+            log.exception("decode step failed")
+            self._fail_running(exc)
+            return True
+        done = self._prefilled(out, parts, ran)
+        if ran.logits is not None:  # one sampling and one hand-off: the rows' tokens and the first tokens of prompts
+            self._postprocess(rows + done, ran.logits)
+        self._record(rows, done, arrivals, start)
+        return True
+
+    def _schedule(self) -> tuple[SchedulerOutput, list[Sequence], dict[int, float]]:
+        """Drains aborts (their ends go out now, not after the forward) and schedules the next step -> (it, the rows
+        that decode in it, in the runner's order, and the arrival time of each prompt in it, read now: a sequence that
+        finishes in its prefill may lose its listener before the step ends)."""
         with self._lock:
             aborted = self.scheduler.drain_aborts()
             for seq in [s for s in self._seqs.values() if s.is_finished]:
                 self._release(seq)  # the aborted ones, running or waiting
             out = self.scheduler.schedule()
             self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
-            # read now: a sequence that finishes in its prefill may lose its listener before the step ends
-            arrivals = [lst.arrival if (lst := self._listeners.get(s.seq_id)) else None
-                        for s in [*out.prefill, *([out.chunk.seq] if out.chunk else [])]]
-        self._flush()  # the aborted ones' ends go out now, not after the forward
+            arrivals = {c.seq.seq_id: lst.arrival for c in out.parts if (lst := self._listeners.get(c.seq.seq_id))}
+        self._flush()
         self.runner.remove({s.seq_id for s in aborted})
-        if out.is_empty:
-            return False
-        self.steps += 1
-        packable = out.decode and (out.prefill or out.chunk is not None) and self.family.packs_mixed_steps
-        if packable and self._mixed(out, arrivals):
-            return True
-        # a decode, then a prefill: the mixed step of a family that cannot pack it, or the fallback of a packed
-        # step that failed (so that a prompt that makes the forward fail fails alone, as in a prefill)
-        start = time.perf_counter()
-        if out.decode:  # the running rows first: the admitted ones join after, and decode from the next step
-            self._decode()
-            self.stats.decoded(len(out.decode), time.perf_counter() - start)
-        if out.chunk is not None and not out.chunk.seq.is_finished:
-            self._prefill_chunk(out.chunk, arrivals[-1])
-        admitted = [(s, t) for s, t in zip(out.prefill, arrivals, strict=False) if not s.is_finished]
-        if admitted:  # (a failed decode fails them too)
-            start = time.perf_counter()
-            self._prefill([s for s, _ in admitted])
-            self._record_prefill([s for s, _ in admitted], [t for _, t in admitted], start)
-        return True
-
-    def _mixed(self, out: SchedulerOutput, arrivals: list[float | None]) -> bool:
-        """A mixed step as one packed forward: every running row decodes while the admitted prompts (or the next part
-        of a long one) are prefilled; prompts completed in it give their first token in the same step. False when
-        it ran nothing (no prompt left to pack, or the forward failed and recorded nothing): the step runs as two."""
-        start = time.perf_counter()
         with self._lock:
-            seqs = [self._seqs[i] for i in self.runner.seq_ids]
-        chunk = out.chunk if out.chunk is not None and not out.chunk.seq.is_finished else None
-        owners: list[tuple[Sequence, float | None]] = []
-        parts: list[PromptPart] = []
-        for seq, arrival, first, end in (
-                [(chunk.seq, arrivals[-1], chunk.start, chunk.end)] if chunk is not None else
-                [(s, t, 0, s.prompt_len) for s, t in zip(out.prefill, arrivals, strict=False) if not s.is_finished]):
-            try:  # merged: text, image features, supplied rows (once, at a long prompt's first part)
-                prompt = self.family.prompt(seq.payload) if first == 0 else None
-            except Exception as exc:  # this request's vision/merge failed; the others go on
+            rows = [self._seqs[i] for i in self.runner.seq_ids]
+        return out, rows, arrivals
+
+    def _prompt_parts(self, out: SchedulerOutput) -> dict[int, PromptPart]:
+        """This step's prompt parts, merged (text, image features, supplied rows) at a prompt's first part; one whose
+        vision/merge fails fails alone."""
+        parts: dict[int, PromptPart] = {}
+        for chunk in out.parts:
+            seq = chunk.seq
+            if seq.is_finished:
+                continue
+            try:
+                prompt = self.family.prompt(seq.payload) if chunk.start == 0 else None
+            except Exception as exc:
                 log.exception("request %s: embedding failed", seq.request_id)
                 self._fail([seq], exc)
                 continue
-            parts.append(PromptPart(seq.seq_id, prompt, first, end))
-            owners.append((seq, arrival))
-        if not parts:
-            return False
-        try:
-            decoded, prefilled = self.runner.mixed([s.output_ids[-1] for s in seqs], parts)
-        except Exception:  # nothing was recorded
-            log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(seqs), len(parts))
-            return False
-        self.packed_steps += 1
-        done = owners if chunk is None or prefilled.shape[0] else []
-        if chunk is not None:
-            with self._lock:
-                self.scheduler.chunk_done(chunk.seq, chunk.seq.prompt_len if done else chunk.end)
-        for seq, _ in done:
-            self._started(seq)
-        # one sampling and one hand-off for the step: the rows' tokens and the first tokens of completed prompts
-        self._postprocess(seqs + [s for s, _ in done], torch.cat([decoded, prefilled]))
-        seconds = time.perf_counter() - start
-        self.stats.decoded(len(seqs), seconds)
-        if done:
-            self._record_prefill([s for s, _ in done], [t for _, t in done], start)
-        return True
+            parts[seq.seq_id] = PromptPart(seq.seq_id, prompt, chunk.start, chunk.end)
+        return parts
 
-    def _prefill_chunk(self, chunk: PrefillChunk, arrival: float | None) -> None:
-        """The next part of a long prompt's prefill; its first token comes out with the last part."""
-        seq = chunk.seq
-        start = time.perf_counter()
-        try:
-            prompt = self.family.prompt(seq.payload) if chunk.start == 0 else None
-            logits = self.runner.prefill_part(seq.seq_id, prompt, chunk.start, chunk.end)
-        except Exception as exc:
-            log.exception("request %s: prefill failed", seq.request_id)
-            self._fail([seq], exc)
-            return
+    def _prefilled(self, out: SchedulerOutput, parts: dict[int, PromptPart], ran: Stepped) -> list[Sequence]:
+        """Records how far each prompt got (Sequence.prefilled) and fails those whose prefill failed; returns the
+        sequences whose prompt is complete, in `ran.joined` order, started (sampling state, other choices)."""
+        self.packed_steps += ran.packed
+        seqs = {c.seq.seq_id: c.seq for c in out.parts}
+        joined = set(ran.joined)
         with self._lock:
-            self.scheduler.chunk_done(seq, chunk.end if logits is None else seq.prompt_len)
-        if logits is None:
-            return
-        self._started(seq)
-        self._postprocess([seq], logits)
-        self._record_prefill([seq], [arrival], start)
+            for seq_id, part in parts.items():
+                if seq_id not in ran.failed:
+                    self.scheduler.chunk_done(seqs[seq_id], seqs[seq_id].prompt_len if seq_id in joined else part.end)
+        for seq_id, exc in ran.failed.items():
+            log.error("request %s: prefill failed", seqs[seq_id].request_id, exc_info=exc)
+            self._fail([seqs[seq_id]], exc)
+        done = [seqs[i] for i in ran.joined]
+        for seq in done:
+            self._started(seq)
+        return done
 
-    def _record_prefill(self, seqs: list[Sequence], arrivals: list[float | None], start: float) -> None:
+    def _record(self, rows: list[Sequence], done: list[Sequence], arrivals: dict[int, float], start: float) -> None:
+        """The step's metrics: its decoded rows, and the prompts it completed (their time to first token)."""
         now = time.perf_counter()
-        prefilled = [s for s in seqs if s.finish_reason is not FinishReason.ERROR]  # aborted ones ran too
-        ttfts = [now - t for s, t in zip(seqs, arrivals, strict=True) if t is not None and s.num_generated]
-        self.stats.prefilled(len(seqs), sum(s.prompt_len for s in prefilled), now - start, ttfts)
-
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        ready: list[Sequence] = []
-        prompts: list[Prompt] = []
-        for seq in seqs:
-            try:
-                prompts.append(self.family.prompt(seq.payload))  # merged: text, image features, supplied rows
-                ready.append(seq)
-            except Exception as exc:  # this request's vision/merge failed; the others go on
-                log.exception("request %s: embedding failed", seq.request_id)
-                self._fail([seq], exc)
-        if not ready:
-            return
-        try:
-            logits = self.runner.prefill([s.seq_id for s in ready], prompts)  # [len(ready), vocab]
-        except Exception as exc:  # the running batch is untouched by a failed prefill
-            log.exception("prefill of %d sequences failed", len(ready))
-            if len(ready) == 1:
-                self._fail(ready, exc)
-                return
-            ready, logits = self._prefill_one_by_one(ready, prompts)
-            if not ready:
-                return
-        for seq in ready:
-            self._started(seq)
-        self._postprocess(ready, logits)
-
-    def _prefill_one_by_one(self, seqs: list[Sequence],
-                            prompts: list[Prompt]) -> tuple[list[Sequence], torch.Tensor | None]:
-        """After a failed group prefill: each alone, so only the request that fails is failed."""
-        ok: list[Sequence] = []
-        rows: list[torch.Tensor] = []
-        for seq, prompt in zip(seqs, prompts, strict=True):
-            try:
-                rows.append(self.runner.prefill([seq.seq_id], [prompt])[0])  # [vocab]
-                ok.append(seq)
-            except Exception as exc:
-                log.exception("request %s: prefill failed", seq.request_id)
-                self._fail([seq], exc)
-        return ok, (torch.stack(rows) if rows else None)
-
-    def _decode(self) -> None:
-        with self._lock:
-            seqs = [self._seqs[i] for i in self.runner.seq_ids]
-        try:
-            logits = self.runner.decode([s.output_ids[-1] for s in seqs])  # [rows, vocab]
-        except Exception as exc:  # the shared cache may be half-updated: every running row fails
-            log.exception("decode step failed")
-            self._fail_running(exc)
-            return
-        self._postprocess(seqs, logits)
+        if rows:
+            self.stats.decoded(len(rows), now - start)
+        if done:
+            prefilled = [s for s in done if s.finish_reason is not FinishReason.ERROR]  # aborted ones ran too
+            ttfts = [now - arrivals[s.seq_id] for s in done if s.seq_id in arrivals and s.num_generated]
+            self.stats.prefilled(len(done), sum(s.prompt_len for s in prefilled), now - start, ttfts)
 
     def _started(self, seq: Sequence) -> None:
         """`seq`'s prompt is in: its sampling state is made, its prompt tensors are dropped."""
@@ -410,8 +339,7 @@ class LLMEngine:
                                              prompt_logprobs=self._prompt_logprobs(seq), index=seq.index))
                 if reason is not None:
                     self._release(seq)
-        # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its
-        # prefill runs
+        # one hand-off per event loop for the whole step
         self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)

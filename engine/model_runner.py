@@ -12,12 +12,18 @@ allows it (`mixed`): the rows' tokens and the prompt positions packed into one r
 and MLPs run once per step instead of once for the decode and once for the prefill; attention is split per sequence
 (engine/models/attention.py), so each row and each prompt gets what its own forward would give.
 
+The engine calls `step` once per iteration: the rows' decode and this step's prompt parts (whole prompts, or the next
+part of a long one prefilled over several steps). One packed forward or separate ones is the runner's choice (the
+family's `packs_mixed_steps` and `chunkable`), and so is the fallback that keeps a failing prompt from failing others;
+rows of completed prompts join the batch in one place (`_join`).
+
 A prompt that asks for prompt logprobs hands the hidden states of its positions to engine/prompt_logprobs.py in each
 forward that prefills it (whichever of the paths above); every other prompt's logits are its last position's only.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,8 @@ from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.attention import PACKED
 from engine.models.slot_cache import Segment, SlotKV
 from splice.prompt_logprobs import PromptLogprobs
+
+log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
 NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
@@ -62,25 +70,35 @@ class Batch:
 
 
 @dataclass
-class Pending:
-    """A long prompt prefilled over several steps: its slot is the one after the rows in use, and it decodes
-    only once its last chunk is in."""
+class Partial:
+    """A long prompt prefilled over several steps: where its columns are (its slot: the one after the rows in use, once
+    its next part runs) and it decodes only once its last part is in. How far it is, is its next part's `start`."""
 
     seq_id: int
     prompt: Prompt
     slot: int
-    done: int = 0  # prompt positions cached
 
 
 @dataclass
 class PromptPart:
-    """Prompt positions [start, end) of one sequence to prefill in a mixed step; `prompt` is given at start 0 (a long
+    """Prompt positions [start, end) of one sequence to prefill in this step; `prompt` is given at start 0 (a long
     prompt continued over several steps is remembered by the runner)."""
 
     seq_id: int
     prompt: Prompt | None
     start: int
     end: int
+
+
+@dataclass
+class Stepped:
+    """What one `step` gave: logits [rows + len(joined), vocab], the decoding rows' (in `seq_ids` order as the step
+    began) then those of the prompts completed in it (in `joined` order); None when neither ran."""
+
+    logits: torch.Tensor | None
+    joined: list[int]  # the parts' sequences whose prompt is complete: their rows joined the batch, after the others
+    packed: bool = False  # the step ran as one packed forward
+    failed: dict[int, BaseException] = field(default_factory=dict)  # parts whose prefill failed (the others went on)
 
 
 def batch_capacity(max_running_seqs: int, max_model_len: int) -> tuple[int, int]:
@@ -97,7 +115,7 @@ class ModelRunner:
         self.family = family
         self.capacity = capacity
         self.batch: Batch | None = None
-        self.pending: Pending | None = None
+        self.partial: Partial | None = None  # a long prompt being prefilled over several steps
         # seq_id -> the prompt logprobs of a completed prefill, until the engine takes them (every rank makes them: the
         # logits are a model call; the other ranks' go with their rows, at remove)
         self.prompt_logprobs: dict[int, PromptLogprobs] = {}
@@ -109,7 +127,7 @@ class ModelRunner:
     def clear(self) -> None:
         """Drops every row and any prompt being prefilled over several steps (their caches freed)."""
         self.batch = None
-        self.pending = None
+        self.partial = None
         self.prompt_logprobs.clear()
 
     def _forward(self, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -137,6 +155,89 @@ class ModelRunner:
         """`prompt` is complete: its prompt logprobs, if it asked, wait for take_prompt_logprobs."""
         if plp.wants(prompt):
             self.prompt_logprobs[seq_id] = plp.finish(prompt)
+
+    @torch.inference_mode()
+    def step(self, tokens: list[int], parts: list[PromptPart]) -> Stepped:
+        """One engine step: a decode of every row (`tokens`: each row's last token, in `seq_ids` order) and the prompt
+        positions of `parts`. One packed forward where the family packs it (a packed forward that fails runs again as
+        two, so that a prompt that makes it fail fails alone); else the decode, then the prompts. A part whose prefill
+        fails is in `failed` and recorded nothing; raises only when the decode failed (the shared cache may be
+        half-updated: every row is lost)."""
+        if tokens and parts and self.family.packs_mixed_steps:
+            try:
+                decoded, prefilled = self.mixed(tokens, parts)
+                rows = set(self.seq_ids)  # the prompts completed in it joined them
+                return Stepped(torch.cat([decoded, prefilled]), [p.seq_id for p in parts if p.seq_id in rows], True)
+            except Exception:  # nothing was recorded
+                log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(tokens),
+                              len(parts))
+        logits = [self.decode(tokens)] if tokens else []  # the rows first: the prompts join after them
+        ran = Stepped(None, [])
+        # a prompt that fits in this step, or one the family cannot prefill in parts, goes whole
+        whole = [p for p in parts if p.start == 0 and (p.end >= len(p.prompt.token_ids) or self.batch is None
+                                                         or not self.family.chunkable(p.prompt))]
+        if whole:
+            logits += self._prefill_whole(whole, ran)
+        for part in (p for p in parts if not any(p is w for w in whole)):
+            try:
+                if (out := self._prefill_part(part)) is not None:
+                    logits.append(out)
+                    ran.joined.append(part.seq_id)
+            except Exception as exc:
+                ran.failed[part.seq_id] = exc
+        ran.logits = torch.cat(logits) if logits else None
+        return ran
+
+    def _prefill_whole(self, parts: list[PromptPart], ran: Stepped) -> list[torch.Tensor]:
+        """Whole prompts, prefilled together; after a failed group prefill each alone, so only the one that fails
+        fails."""
+        ids = [p.seq_id for p in parts]
+        try:
+            logits = self.prefill(ids, [p.prompt for p in parts])
+        except Exception as exc:  # the running batch is untouched by a failed prefill
+            if len(parts) == 1:
+                ran.failed[ids[0]] = exc
+                return []
+            log.exception("prefill of %d sequences failed; each alone", len(parts))
+            return [t for p in parts for t in self._prefill_whole([p], ran)]
+        ran.joined += ids
+        return [logits]
+
+    def _continue(self, part: PromptPart) -> Partial:
+        """The long prompt this part continues (or starts), its columns in the slot after the rows in use: rows that
+        left since its last part moved it down by one slot each (its `start` columns are cached)."""
+        kv = self.batch.kv
+        if part.start == 0:
+            assert part.prompt is not None
+            return Partial(part.seq_id, part.prompt, kv.rows)
+        p = self.partial
+        assert p is not None and p.seq_id == part.seq_id
+        if p.slot != kv.rows:
+            kv.copy_columns(p.slot, kv.rows, part.start)
+            p.slot = kv.rows
+        return p
+
+    def _join(self, kv: SlotKV, cache: Any, seq_ids: list[int], prompts: list[Prompt], starts: list[int],
+              ends: list[int], order: list[int] | None = None) -> None:
+        """The rows of completed prompts join the batch, in the slots after the rows in use (in `seq_ids` order; callers
+        see them in `order`, by default the same): their key/value columns [start, end), their family states (`cache`:
+        the prefill's own, or the running one) and next positions; their prompt logprobs, if asked, are made."""
+        f, b = self.family, self.batch
+        for seq_id, prompt in zip(seq_ids, prompts, strict=True):
+            self._prompt_done(seq_id, prompt)
+        kv.add_rows(starts, ends)
+        nexts = torch.tensor([p.next_position for p in prompts], device=f.device)
+        order = list(seq_ids if order is None else order)
+        if b is None:
+            self.batch = b = Batch(order, list(seq_ids), cache, kv, nexts)
+        else:
+            if cache is not b.cache:
+                b.cache = f.cache.join(b.cache, cache)
+            b.seq_ids += order
+            b.slot_seqs += seq_ids
+            b.positions = torch.cat([b.positions, nexts.to(b.positions.device)])
+        b.reorder()
+        kv.refresh()
 
     @torch.inference_mode()
     def prefill(self, seq_ids: list[int], prompts: list[Prompt]) -> torch.Tensor:
@@ -168,20 +269,7 @@ class ModelRunner:
         finally:
             kv.refresh()
         in_slots = group + long  # prompt index of each new slot
-        for i in in_slots:
-            self._prompt_done(seq_ids[i], prompts[i])
-        kv.add_rows(starts, ends)
-        nexts = torch.tensor([prompts[i].next_position for i in in_slots], device=f.device)
-        new_seqs = [seq_ids[i] for i in in_slots]
-        if b is None:
-            self.batch = b = Batch(list(seq_ids), new_seqs, cache, kv, nexts)
-        else:
-            b.cache = f.cache.join(b.cache, cache)
-            b.seq_ids += seq_ids
-            b.slot_seqs += new_seqs
-            b.positions = torch.cat([b.positions, nexts])
-        b.reorder()
-        kv.refresh()
+        self._join(kv, cache, [seq_ids[i] for i in in_slots], [prompts[i] for i in in_slots], starts, ends, seq_ids)
         out = torch.cat(logits)  # [len(prompts), vocab] in slot order
         return out[torch.tensor(in_slots).argsort()] if long and group else out
 
@@ -226,33 +314,20 @@ class ModelRunner:
             logits = self.family.logits(hidden[:, -1])
         return logits
 
-    @torch.inference_mode()
-    def prefill_part(self, seq_id: int, prompt: Prompt | None, start: int, end: int) -> torch.Tensor | None:
-        """Prompt positions [start, end) of a long prompt (given at start 0, remembered after) while the batch
-        decodes: logits [1, vocab] once the prompt is complete and the row has joined, else None. A prompt the
-        family cannot chunk is prefilled whole at once."""
-        if start == 0:
-            assert prompt is not None
-            if end >= len(prompt.token_ids) or not self.family.chunkable(prompt) or self.batch is None:
-                return self.prefill([seq_id], [prompt])
-            self.pending = Pending(seq_id, prompt, self.batch.kv.rows)
-        p, b = self.pending, self.batch
-        assert p is not None and b is not None and p.seq_id == seq_id and p.done == start
+    def _prefill_part(self, part: PromptPart) -> torch.Tensor | None:
+        """Prompt positions [start, end) of a long prompt in the slot after the rows in use: logits [1, vocab] once the
+        prompt is complete and its row has joined, else None."""
+        b = self.batch
+        p = self._continue(part)
         try:
-            logits = self._prefill_span(p.prompt, b.kv, b.cache, p.slot, start, end)
+            logits = self._prefill_span(p.prompt, b.kv, b.cache, p.slot, part.start, part.end)
         finally:
             b.kv.refresh()
-        p.done = end
-        if end < len(p.prompt.token_ids):
+        if part.end < len(p.prompt.token_ids):
+            self.partial = p
             return None
-        self.pending = None
-        self._prompt_done(seq_id, p.prompt)
-        b.kv.add_rows([0], [end])
-        b.seq_ids.append(seq_id)
-        b.slot_seqs.append(seq_id)
-        b.positions = torch.cat([b.positions, b.positions.new_tensor([p.prompt.next_position])])
-        b.reorder()
-        b.kv.refresh()
+        self.partial = None
+        self._join(b.kv, b.cache, [part.seq_id], [p.prompt], [0], [part.end])
         return logits
 
     @torch.inference_mode()
@@ -290,18 +365,12 @@ class ModelRunner:
         first = parts[0]
         whole = all(p.start == 0 and p.prompt is not None and p.end == len(p.prompt.token_ids) for p in parts)
         if whole:  # new rows, in the slots after the rows in use
-            assert self.pending is None
-            pending = None
+            partial = None
             pieces = [(p.prompt, rows + k, 0, p.end) for k, p in enumerate(parts)]
         else:  # a part of the one long prompt: its slot is the one after the rows in use
             assert len(parts) == 1
-            if first.start == 0:
-                assert self.pending is None and first.prompt is not None
-                pending = Pending(first.seq_id, first.prompt, rows)
-            else:
-                pending = self.pending
-                assert pending is not None and pending.seq_id == first.seq_id and pending.done == first.start
-            pieces = [(pending.prompt, pending.slot, first.start, first.end)]
+            partial = self._continue(first)
+            pieces = [(partial.prompt, partial.slot, first.start, first.end)]
         order = b.order
         ids = torch.tensor(tokens, dtype=torch.long, device=f.device)
         if order is not None:  # into slot order
@@ -334,19 +403,10 @@ class ModelRunner:
         logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
         kv.advance()
         b.positions = b.positions + 1
-        if pending is not None:
-            pending.done = first.end
-        self.pending = pending if pending is not None and not complete else None
+        self.partial = partial if partial is not None and not complete else None
         if complete:
-            kv.add_rows([0] * len(complete), [pieces[k][3] for k in complete])
-            joined = [parts[k].seq_id for k in complete]
-            for k in complete:
-                self._prompt_done(parts[k].seq_id, pieces[k][0])
-            b.seq_ids += joined
-            b.slot_seqs += joined
-            nexts = [pieces[k][0].next_position for k in complete]
-            b.positions = torch.cat([b.positions, b.positions.new_tensor(nexts)])
-            b.reorder()
+            self._join(kv, b.cache, [parts[k].seq_id for k in complete], [pieces[k][0] for k in complete],
+                       [0] * len(complete), [pieces[k][3] for k in complete])
         kv.refresh()
         decoded = logits[:rows]
         return (decoded if order is None else decoded[order]), logits[rows:]
@@ -358,7 +418,7 @@ class ModelRunner:
         row is on its own. They join after the rows in use; no long prompt is being prefilled beside them (the
         scheduler admits nothing while one is). On an exception (a buffer that cannot grow) the batch is as it was."""
         b = self.batch
-        assert b is not None and seq_id in b.seq_ids and new_ids and self.pending is None
+        assert b is not None and seq_id in b.seq_ids and new_ids and self.partial is None
         src, rows = b.slot_seqs.index(seq_id), b.kv.rows
         try:
             for _ in new_ids:
@@ -378,15 +438,15 @@ class ModelRunner:
     @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:
         """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks (a long prompt
-        still being prefilled keeps the slot after the rows in use)."""
-        if self.pending is not None and self.pending.seq_id in seq_ids:
-            self.pending = None
+        still being prefilled moves into the slot after the rows in use when its next part runs)."""
+        if self.partial is not None and self.partial.seq_id in seq_ids:
+            self.partial = None
         for seq in seq_ids & self.prompt_logprobs.keys():
             del self.prompt_logprobs[seq]
         b = self.batch
         if b is None or not seq_ids & set(b.seq_ids):
             return
-        if not set(b.seq_ids) - seq_ids and self.pending is None:
+        if not set(b.seq_ids) - seq_ids and self.partial is None:
             self.batch = None  # the buffers go with the batch
             return
         for seq in seq_ids & set(b.seq_ids):
@@ -398,10 +458,6 @@ class ModelRunner:
                 b.slot_seqs[slot] = b.slot_seqs[last]
             b.slot_seqs.pop()
             b.kv.pop()
-        p = self.pending
-        if p is not None and p.slot != b.kv.rows:
-            b.kv.copy_columns(p.slot, b.kv.rows, p.done)
-            p.slot = b.kv.rows
         self.family.cache.truncate(b.cache, len(b.slot_seqs))
         b.positions = b.positions[:len(b.slot_seqs)]
         b.seq_ids = [s for s in b.seq_ids if s not in seq_ids]

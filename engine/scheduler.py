@@ -42,6 +42,11 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.prefill and not self.decode and self.chunk is None
 
+    @property
+    def parts(self) -> list[PrefillChunk]:
+        """This step's prompt positions: each admitted prompt whole, or the next part of a long one."""
+        return [PrefillChunk(s, 0, s.prompt_len) for s in self.prefill] + ([self.chunk] if self.chunk else [])
+
 
 class Scheduler:
     """Not thread-safe: the engine serializes calls."""

@@ -1,8 +1,8 @@
 """Tensor parallelism: N ranks on torch.distributed, each holding a shard of the model by transformers' own
 tensor-parallel plan (`from_pretrained(..., tp_plan="auto")`; gloo on CPU, NCCL on GPU).
 
-Rank 0 is the engine: it serves gRPC and schedules. Before each model call (a prompt's merge, a prefill, a
-decode step, rows leaving) it sends the call and its inputs to the other ranks, which run the very same call:
+Rank 0 is the engine: it serves gRPC and schedules. Before each model call (a prompt's merge, a step's decode and
+prefill, rows leaving) it sends the call and its inputs to the other ranks, which run the very same call:
 every forward must run on every rank with identical inputs — one rank alone blocks on the collectives until
 its peers die, and different inputs give silently wrong logits. The messages travel over a gloo group of their
 own, serialized with torch.save, so each rank loads the tensors onto its own device.
@@ -32,8 +32,7 @@ from splice.errors import FailedPrecondition
 log = logging.getLogger(__name__)
 
 # The model calls every rank runs, by the role of the object they are made on.
-LOCKSTEP_CALLS: dict[str, tuple[str, ...]] = {"runner": ("prefill", "prefill_part", "decode", "mixed", "fork",
-                                                          "remove", "clear"),
+LOCKSTEP_CALLS: dict[str, tuple[str, ...]] = {"runner": ("step", "fork", "remove", "clear"),
                                                "family": ("prompt",)}
 INIT_TIMEOUT = timedelta(minutes=10)  # loading a large checkpoint on every rank
 

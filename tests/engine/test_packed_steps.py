@@ -77,7 +77,7 @@ def test_packed_steps_give_every_row_and_prompt_its_solo_tokens(case_family):
     runner.remove({1})  # the last row moves into its slot
     for k, (start, end) in enumerate(itertools.pairwise(cuts)):
         step([PromptPart(4, long if k == 0 else None, start, end)])
-        assert (runner.pending is None) == (end == cuts[-1])
+        assert (runner.partial is None) == (end == cuts[-1])
     assert runner.seq_ids == [0, 2, 3, 4]
     for _ in range(STEPS):
         record(runner.seq_ids, runner.decode([got[s][-1] for s in runner.seq_ids]))

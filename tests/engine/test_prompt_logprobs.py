@@ -144,19 +144,19 @@ async def test_prompts_joining_running_rows_give_their_solo_prompt_logprobs(name
     solo = [(await collect(engine, _request(p, {}, f"solo{i}")))[1][0].prompt_logprobs
             for i, p in enumerate((long, short))]
     parts, packed = [], engine.packed_steps
-    prefill_part = engine.runner.prefill_part
+    step = engine.runner.step
 
-    def counted(seq_id, prompt, start, end):  # calls through: which paths the prompts took
-        parts.append(start)
-        return prefill_part(seq_id, prompt, start, end)
+    def counted(tokens, prompt_parts):  # calls through: which parts the prompts were prefilled in
+        parts.extend(p.start for p in prompt_parts)
+        return step(tokens, prompt_parts)
 
-    engine.runner.prefill_part = counted
+    engine.runner.step = counted
     runner = engine.generate(text_request(random_ids(6, seed=4), "runner", max_tokens=60))
     await anext(runner)  # it decodes while the others join
     together = await asyncio.gather(*(collect(engine, _request(p, {}, f"joined{i}")) for i, p in
                                       enumerate((long, short))))
     await runner.aclose()
-    del engine.runner.prefill_part
+    del engine.runner.step
     if engine.m.family.packs_mixed_steps:
         assert engine.packed_steps > packed + 1  # the long one in parts, packed beside the running row
     else:
