@@ -14,6 +14,7 @@ nothing else, so a random model cannot spend its whole budget on spaces.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -73,9 +74,21 @@ def _structural_tag(spec: str) -> tuple[list[xgr.StructuralTagItem], list[str]] 
     return items, triggers
 
 
-def check(so: StructuredOutput) -> None:
-    """Parses `so` into a grammar (no tokenizer needed); InvalidArgument naming the kind and xgrammar's reason."""
-    _build(so, None)
+def check(so: StructuredOutput, where: str = "sampling.structured") -> None:
+    """Parses `so` into a grammar (no tokenizer needed); InvalidArgument naming `where` (the request's field), the
+    kind and xgrammar's reason. A spec seen lately is not parsed again."""
+    problem = _problem(so.kind, so.spec)
+    if problem is not None:
+        raise InvalidArgument(f"{where}: {problem}")
+
+
+@functools.lru_cache(maxsize=CACHE_ENTRIES)
+def _problem(kind: str, spec: str) -> str | None:
+    try:
+        _build(StructuredOutput(kind, spec), None)  # type: ignore[arg-type]
+    except InvalidArgument as exc:
+        return exc.message
+    return None
 
 
 def _build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
