@@ -59,7 +59,8 @@ def test_choice_regex_and_grammar_answers_match_exactly(client, seed):
     assert _ask(client, seed, extra_body={"guided_choice": choices}) in choices
     assert re.fullmatch(r"\d{3}-[a-z]{2}", _ask(client, seed, extra_body={"structured_outputs": {
         "regex": r"\d{3}-[a-z]{2}"}}))
-    assert _ask(client, seed, extra_body={"structured_outputs": {"grammar": 'root ::= "A" ("B" | "C")'}}) in ("AB", "AC")
+    grammar = 'root ::= "A" ("B" | "C")'
+    assert _ask(client, seed, extra_body={"structured_outputs": {"grammar": grammar}}) in ("AB", "AC")
 
 
 def test_completions_and_streaming_follow_the_schema(client):
