@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from splice.engine_output import FinishReason
 from splice.errors import InvalidArgument
 from splice.structured_output import StructuredOutput
-from tests.engine.engine_factories import collect, random_ids, text_request
+from tests.engine.engine_factories import collect, random_ids, text_request, with_embed_span
 
 SCHEMA = {"type": "object", "properties": {
     "colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -128,3 +128,13 @@ async def test_a_compile_past_the_timeout_is_refused_and_cancelling_a_wait_is_cl
     ids, outs = await collect(text_engine, text_request([5, 6], structured=StructuredOutput("regex", "late[0-9]"),
                                                         max_tokens=8, ignore_eos=False))
     assert outs[-1].finish_reason is FinishReason.STOP and len(ids) >= 2
+
+
+async def test_supplied_prompt_embeddings_with_a_grammar(text_engine, tokenizer):
+    ids = random_ids(10, seed=12)
+    rows = text_engine.m.embed.weight[ids[2:5]].detach().clone()  # three positions supplied as rows
+    req = with_embed_span(ids[:2] + ids[5:], {}, 2, rows, "embeds", temperature=1.0, seed=1, max_tokens=40,
+                          ignore_eos=False, structured=StructuredOutput("choice", '["north", "south"]'))
+    got, outs = await collect(text_engine, req)
+    assert outs[-1].finish_reason is FinishReason.STOP
+    assert tokenizer.decode(got, skip_special_tokens=True) in ("north", "south")
