@@ -33,12 +33,12 @@ from splice.structured_output import StructuredOutput
 CACHE_ENTRIES = 256  # distinct specs kept compiled (LRU)
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # xgrammar's errors start with "[hh:mm:ss] /project/cpp/file.cc:123: "; the caller needs the rest
-_XGR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
+_XGR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")
 
 
 def _message(exc: BaseException) -> str:
     text = _XGR_PREFIX.sub("", str(exc)).strip()
-    return text.removeprefix("Check failed: (error.empty()) is false: ").splitlines()[0][:300] if text else repr(exc)
+    return text.splitlines()[0][:300] if text else repr(exc)
 
 
 def choice_grammar(spec: str) -> str:

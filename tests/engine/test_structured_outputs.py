@@ -138,3 +138,11 @@ async def test_supplied_prompt_embeddings_with_a_grammar(text_engine, tokenizer)
     got, outs = await collect(text_engine, req)
     assert outs[-1].finish_reason is FinishReason.STOP
     assert tokenizer.decode(got, skip_special_tokens=True) in ("north", "south")
+
+
+async def test_a_structural_tag_is_followed(text_engine, tokenizer):
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "content": {
+        "type": "json_schema", "json_schema": {"enum": ["A", "B"]}}, "end": "</f>"}}
+    for seed in range(3):
+        text, reason = await _text(text_engine, tokenizer, StructuredOutput("structural_tag", json.dumps(tag)), seed)
+        assert reason is FinishReason.STOP and text in ('<f>"A"</f>', '<f>"B"</f>')

@@ -72,3 +72,21 @@ def test_more_than_one_constraint_is_refused_naming_them(fields, named):
 def test_bad_specs_are_refused_naming_the_field(fields, named):
     with pytest.raises(InvalidArgument, match=named):
         _chat(**fields)
+
+
+LEGACY_TAG = {"type": "structural_tag", "structures": [
+    {"begin": "<f>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "end": "</f>"}],
+    "triggers": ["<f>"]}
+FORMAT_TAG = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f>"], "tags": [
+    {"begin": "<f>", "content": {"type": "json_schema", "json_schema": {"type": "object"}}, "end": "</f>"}]}}
+
+
+@pytest.mark.parametrize("tag", [LEGACY_TAG, FORMAT_TAG])
+def test_structural_tags_in_vllms_legacy_and_xgrammars_format(tag):
+    assert _chat(response_format=tag).structured == StructuredOutput("structural_tag", json.dumps(tag))
+    assert _chat(structured_outputs={"structural_tag": json.dumps(tag)}).structured.kind == "structural_tag"
+    invalid = r"^response_format: structured output structural_tag is not valid: Invalid structural tag"
+    with pytest.raises(InvalidArgument, match=invalid):
+        _chat(response_format={"type": "structural_tag", "format": {"type": "nope"}})
+    with pytest.raises(InvalidArgument, match="each structure needs begin, schema and end"):
+        _chat(response_format={"type": "structural_tag", "structures": [{"begin": "<f>"}], "triggers": []})
