@@ -40,7 +40,7 @@ from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
 from splice.grammar import check as check_grammar
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
-from splice.sampling import SamplingParams
+from splice.sampling import INT_RANGES, SamplingParams
 from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
 from splice.structured_fields import structured_from_fields
 
@@ -161,6 +161,8 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
 # unset and null) that leave it off. Any other value is refused rather than the request served without it.
+# best_of: vLLM 0.33 has no such field (its V1 engine dropped it); best_of = n asks for n candidates and returns all
+# of them, which is what n does, so that value is served too (`_off`).
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
@@ -170,13 +172,18 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 
+def _off(name: str, body: GenerationFields) -> tuple[Any, ...]:
+    return (body.n,) if name == "best_of" else UNHONOURED[name]
+
+
 def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int,
             **controls: Any) -> SamplingParams:
     """`controls`: SamplingParams fields each endpoint works out itself (prompt_logprobs, logprob_token_ids)."""
-    if body.n != 1:
-        raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
-    for name, off in UNHONOURED.items():
-        value = (body.model_extra or {}).get(name)
+    low, high = INT_RANGES["n"]
+    if not low <= body.n <= high:
+        raise InvalidArgument(f"n must be in [{low}, {high}] (OpenAI's range), got {body.n}")
+    for name in UNHONOURED:
+        value, off = (body.model_extra or {}).get(name), _off(name, body)
         if value is not None and value not in off:
             leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
             raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
@@ -204,6 +211,7 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         bad_words=tuple(body.bad_words or ()),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         structured=asked[1] if asked else None,
+        n=body.n,
         **controls,
     )
     if asked:  # (after SamplingParams' size cap) parsed now, so that a bad spec is a 400 naming its field

@@ -146,3 +146,20 @@ async def test_a_structural_tag_is_followed(text_engine, tokenizer):
     for seed in range(3):
         text, reason = await _text(text_engine, tokenizer, StructuredOutput("structural_tag", json.dumps(tag)), seed)
         assert reason is FinishReason.STOP and text in ('<f>"A"</f>', '<f>"B"</f>')
+
+
+async def test_each_of_n_choices_follows_the_grammar_with_its_own_matcher(text_engine, tokenizer):
+    so = StructuredOutput("json", json.dumps(SCHEMA))
+    req = text_request(random_ids(8, 21), "n4", structured=so, n=4, seed=5, **SAMPLED)
+    _, outs = await collect(text_engine, req)
+    by_choice: dict[int, list[int]] = {}
+    ends = {}
+    for out in outs:
+        by_choice.setdefault(out.index, []).extend(out.token_ids)
+        if out.finished:
+            ends[out.index] = out.finish_reason
+    assert sorted(by_choice) == [0, 1, 2, 3] and set(ends.values()) == {FinishReason.STOP}
+    answers = [tokenizer.decode(ids, skip_special_tokens=True) for ids in by_choice.values()]
+    for text in answers:
+        jsonschema.validate(json.loads(text, strict=False), SCHEMA)
+    assert len(set(answers)) > 1  # (each choice samples with its own seed)
