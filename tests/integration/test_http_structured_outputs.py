@@ -115,3 +115,12 @@ def test_the_grpc_client_sends_the_same_constraint(http_stack):
         assert re.fullmatch(r"[xy]{4}", text)
         with pytest.raises(Exception, match="structured output regex is not valid"):
             list(grpc_client.chat(MSGS, max_tokens=4, guided_regex="(x"))
+
+
+def test_every_choice_of_n_follows_the_schema(client):
+    reply = client.chat.completions.create(model=MODEL, messages=MSGS, temperature=1.0, seed=8, max_tokens=ROOM, n=3,
+                                           extra_body={"structured_outputs": {"json": SCHEMA}})
+    assert sorted(c.index for c in reply.choices) == [0, 1, 2]
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(_json(choice.message.content), SCHEMA)
