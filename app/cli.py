@@ -219,6 +219,9 @@ def chat_sampling(args: argparse.Namespace) -> dict:
     for name in ("include_stop_str_in_output", "ignore_eos"):
         if getattr(args, name):
             sampling[name] = True
+    for name in ("structured_outputs", "response_format"):
+        if getattr(args, name) is not None:
+            sampling[name] = getattr(args, name)
     if args.logprobs or args.top_logprobs or args.logprob_token_ids:
         sampling["logprobs"] = True
     if not args.skip_special_tokens:
@@ -469,6 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
                    help="[0, 20]; print each prompt token's log-probability and rank, and the N most likely tokens "
                         "at each prompt position (on stderr)")
+    p.add_argument("--structured-outputs", type=_json(dict), metavar="JSON",
+                   help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
+                        """regex, choice, grammar (EBNF), json_object, structural_tag, """
+                        """e.g. '{"choice": ["yes", "no"]}'""")
+    p.add_argument("--response-format", type=_json(dict), metavar="JSON",
+                   help="""OpenAI's response_format, e.g. '{"type": "json_schema", "json_schema": {"name": "a", """
+                        """"schema": {...}}}' or '{"type": "json_object"}'""")
     p.add_argument("--assistant", default=None, metavar="TEXT",
                    help="an assistant message sent after the prompt (with --continue-final-message: the answer's "
                         "start)")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.models.lean_llama import IMPLS
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
+from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -46,6 +47,9 @@ class EngineConfig:
     # torch's intra-op threads in this process (and each tensor-parallel rank); None = leave torch's setting, as
     # an engine embedded in someone else's process should. `splice engine` passes auto_torch_threads()
     torch_threads: int | None = None
+    # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
+    # compile runs in its own thread, never the step's
+    structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -74,6 +78,8 @@ class EngineConfig:
             raise ValueError(f"model_impl must be one of {IMPLS}, got {self.model_impl!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        if not self.structured_compile_timeout > 0:
+            raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

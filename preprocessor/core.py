@@ -25,6 +25,7 @@ from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import InvalidArgument
+from splice.grammar import check as check_grammar
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS, check_ids
@@ -136,6 +137,7 @@ class PreprocessorCore:
         contacted."""
         arrival = time.perf_counter()
         self.check_conversation(conv)
+        _check_structured(sampling)
         _check_prompt_logprobs(sampling, conv.parts(Embeds))
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
@@ -158,6 +160,7 @@ class PreprocessorCore:
             raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
         for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
             check_prompt(prompt, self.info, self.files, self.limits)
+        _check_structured(sampling)
         _check_prompt_logprobs(sampling, [p for prompt in prompts for p in prompt if isinstance(p, Embeds)])
         embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
         if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
@@ -256,6 +259,13 @@ class PreprocessorCore:
 
     def model_info(self) -> ModelInfo:
         return self.info
+
+
+def _check_structured(sampling: SamplingParams) -> None:
+    """A structured output's spec parses (splice/grammar.py; a recent one is not parsed again): a bad schema, regex
+    or grammar is refused before the engine is contacted. The engine compiles it for its tokenizer."""
+    if sampling.structured is not None:
+        check_grammar(sampling.structured)
 
 
 def _check_prompt_logprobs(sampling: SamplingParams, embeds: Sequence[Embeds]) -> None:

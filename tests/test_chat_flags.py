@@ -42,6 +42,15 @@ def test_every_control_flag_reaches_sampling_params():
     assert p.prompt_logprobs == 0 and p.logprob_token_ids == (4, 5) and p.logprobs  # (the list implies logprobs)
 
 
+def test_structured_output_flags_reach_the_request():
+    from splice.v1 import common_pb2
+
+    pb = chat_request([], **_sampling("--structured-outputs", '{"choice": ["yes", "no"]}')).sampling.structured
+    assert pb.kind == common_pb2.StructuredOutput.KIND_CHOICE and pb.spec == '["yes", "no"]'
+    pb = chat_request([], **_sampling("--response-format", '{"type": "json_object"}')).sampling.structured
+    assert pb.kind == common_pb2.StructuredOutput.KIND_JSON_OBJECT
+
+
 def test_every_chat_field_flag_reaches_the_chat_request():
     fields = chat_fields(_args("--continue-final-message", "--add-special-tokens", "--documents",
                                '[{"title": "Moon", "text": "rock"}]', "--reasoning-effort", "low",

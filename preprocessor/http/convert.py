@@ -38,8 +38,11 @@ from preprocessor.http.schemas import (
 )
 from preprocessor.template_args import template_arguments
 from splice.errors import InvalidArgument
+from splice.grammar import check as check_grammar
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
 from splice.sampling import INT_RANGES, SamplingParams
+from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
+from splice.structured_fields import structured_from_fields
 
 # A prompt_embeds string with this prefix carries a safetensors file (base64) instead of vLLM's torch.save.
 SAFETENSORS_MARKER = "safetensors:"
@@ -163,8 +166,7 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
-    "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
+    "logits_processors": (), "tools": ([],),
     "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
     "functions": ([],), "function_call": ("none", "auto"),
 }
@@ -186,7 +188,8 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
             leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
             raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(
+    asked = structured_from_fields({name: getattr(body, name) for name in STRUCTURED_FIELDS})
+    params = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
@@ -207,9 +210,13 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         allowed_token_ids=tuple(body.allowed_token_ids or ()),
         bad_words=tuple(body.bad_words or ()),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        structured=asked[1] if asked else None,
         n=body.n,
         **controls,
     )
+    if asked:  # (after SamplingParams' size cap) parsed now, so that a bad spec is a 400 naming its field
+        check_grammar(asked[1], asked[0])
+    return params
 
 
 def _check_prompt_logprobs(body: GenerationFields) -> None:

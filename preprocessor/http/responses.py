@@ -295,8 +295,10 @@ class ChatShape(Shape):
             tops = [[(text[i], clamp(v)) for i, v in items] for _, _, items in steps]
         else:
             tops = self._tops(piece)
-        content = [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                    "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in alts]}
+        # (clamped: a structured output's mask leaves -inf alternatives, which JSON cannot hold)
+        content = [{"token": t, "logprob": clamp(lp), "bytes": list(t.encode()),
+                    "top_logprobs": [{"token": a, "logprob": clamp(alp), "bytes": list(a.encode())}
+                                     for a, alp in alts]}
                    for t, lp, alts in zip(self.token_texts(piece.token_ids), piece.logprobs, tops, strict=False)]
         return {"content": content}
 

@@ -181,6 +181,14 @@ class GenerationFields(_Request):
     # prompt logprobs and chosen logprobs (vLLM's; convert.py applies their rules)
     prompt_logprobs: PromptLogprobsCount | None = None  # per prompt position: its token's logprob, rank, k most likely
     logprob_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_LOGPROB_TOKEN_IDS)
+    # structured outputs (OpenAI's, vLLM's and vLLM's legacy aliases): read, checked and refused when more than one
+    # is set by splice/structured_fields.py
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 class ChatCompletionRequest(GenerationFields):

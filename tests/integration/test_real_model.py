@@ -132,6 +132,24 @@ def test_the_capital_of_france(client):
     assert "Paris" in text
 
 
+def test_the_capital_of_france_as_json(real_stack):
+    """A structured output on a real 49k vocabulary: the schema holds and the model's own answer fills it."""
+    import json
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}
+    api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none", max_retries=0)
+    reply = api.chat.completions.create(
+        model=MODEL, messages=_chat("What is the capital of France?"), temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert reply.choices[0].finish_reason == "stop"
+    assert json.loads(reply.choices[0].message.content)["city"] == "Paris"
+    question = _chat("What is the capital of France? Answer in JSON.")
+    anything = api.chat.completions.create(model=MODEL, messages=question, temperature=0, max_tokens=200,
+                                           response_format={"type": "json_object"})
+    assert anything.choices[0].finish_reason == "stop", anything.choices[0].message.content
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+
 def test_greedy_text_equals_hf_over_http(real_stack, tok, hf_answers):
     api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none")
     for prompt, (want, _) in hf_answers.items():
