@@ -23,6 +23,7 @@ import grpc
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from preprocessor.template_args import REASONING_EFFORTS
+from preprocessor.tools.parsers import parser_names
 from splice.errors import SpliceError
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
@@ -78,13 +79,15 @@ def _up(args: argparse.Namespace) -> int:
     if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
-    mm_embeds = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
+    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
-                                  preprocessor_args=preprocessor_args + mm_embeds + shlex.split(args.preprocessor_args),
+                                  preprocessor_args=preprocessor_args + extra + shlex.split(args.preprocessor_args),
                                   echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
@@ -405,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "443 only)")
     p.add_argument("--enable-mm-embeds", action="store_true",
                    help="accept image_embeds content parts (precomputed image features), as vLLM's flag")
+    p.add_argument("--tool-call-parser", choices=parser_names(), default=None,
+                   help="how calls are read from an answer to a request with tools (vLLM's parsers)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='serve tool_choice "auto" (the default with tools); needs --tool-call-parser')
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",

@@ -34,6 +34,7 @@ from preprocessor.http.schemas import (
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from preprocessor.request_bounds import check_counts_only
+from preprocessor.tools.choice import constrain, constraint_for
 from splice.errors import NotFound
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
@@ -94,7 +95,8 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
-        sampling = convert.chat_sampling(body)
+        tools = convert.tools_from_http(body, core.limits.tools)
+        sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
         convert.check_served(body)
         conv = await _conversation(core, body, options)
         sampling = convert.conversation_prompt_logprobs(body, conv, sampling)
@@ -104,7 +106,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
                           prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
                           listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
-                          echo=convert.echoed(body))
+                          echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)

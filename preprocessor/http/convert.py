@@ -37,6 +37,7 @@ from preprocessor.http.schemas import (
     TokenizeChatRequest,
 )
 from preprocessor.template_args import template_arguments
+from preprocessor.tools.request import ToolRequest, ToolSettings, checked_tools, message_fields, tool_request
 from splice.errors import InvalidArgument
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
 from splice.sampling import SamplingParams
@@ -101,10 +102,11 @@ def _part(part: object, where: Where) -> Part:
 
 
 def message_from_http(msg: ChatMessage, index: int) -> Message:
+    fields = message_fields(msg.tool_calls, msg.tool_call_id, msg.name, index)
     if msg.content is None or isinstance(msg.content, str):
-        return Message(msg.role, (Text(msg.content or "", Where(index, 0)),), True, index)
+        return Message(msg.role, (Text(msg.content or "", Where(index, 0)),), True, index, fields)
     parts = tuple(_part(p, Where(index, i)) for i, p in enumerate(msg.content))
-    return Message(msg.role, parts, False, index)
+    return Message(msg.role, parts, False, index, fields)
 
 
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
@@ -112,11 +114,16 @@ def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) ->
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort),
+        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort,
+                                           checked_tools(body.tools)),
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
         mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),
     )
+
+
+def tools_from_http(body: ChatCompletionRequest, settings: ToolSettings) -> ToolRequest | None:
+    return tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, settings)
 
 
 def answer_role(body: ChatCompletionRequest) -> str:
@@ -162,9 +169,8 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
     "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
-    "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
-    "functions": ([],), "function_call": ("none", "auto"),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "functions": ([],), "function_call": ("none", "auto"),  # (OpenAI's deprecated form of tools: send tools)
 }
 
 

@@ -4,11 +4,13 @@ objects, each a function of `tools` with its parameters. "auto" and "none" const
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from preprocessor.tools.request import ToolRequest
 from splice.errors import InvalidArgument
+from splice.sampling import SamplingParams
 from splice.structured_output import StructuredOutput
 
 EMPTY_OBJECT = {"type": "object", "properties": {}}  # (vLLM's, for a function without parameters)
@@ -48,3 +50,17 @@ def constraint_for(request: ToolRequest | None) -> StructuredOutput | None:
     else:
         schema = calls_schema(request)
     return StructuredOutput(kind="json", spec=json.dumps(schema, ensure_ascii=False))
+
+
+def constrain(sampling: SamplingParams, constraint: StructuredOutput | None) -> SamplingParams:
+    """`sampling` with the tool choice's constraint: SamplingParams.structured, where this build has it (the
+    structured-outputs work adds it); without it, a constrained choice is refused rather than served free."""
+    if constraint is None:
+        return sampling
+    if "structured" not in {f.name for f in dataclasses.fields(sampling)}:
+        raise InvalidArgument('tool_choice "required" or a named function needs structured outputs, which this '
+                              'build does not have; use "auto" or "none"')
+    if getattr(sampling, "structured", None) is not None:
+        raise InvalidArgument('tool_choice "required" or a named function constrains the answer itself; send no '
+                              'response_format or structured_outputs with it')
+    return dataclasses.replace(sampling, structured=constraint)

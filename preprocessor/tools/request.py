@@ -93,7 +93,7 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_ca
     """The request's tools and choice (vLLM's defaults: "auto" with tools, "none" without), or None when it has
     no tools. InvalidArgument for what vLLM refuses: a choice that needs tools without them, a name not in tools,
     "auto" on a server without --enable-auto-tool-choice."""
-    checked = tuple(_tool(t, i) for i, t in enumerate(tools or ()))
+    checked = tuple(checked_tools(tools) or ())
     if tool_choice is None:
         choice, name = ("auto" if checked else "none"), None
     else:
@@ -111,3 +111,39 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_ca
         raise InvalidArgument(f'tool_choice "auto" (the default with tools) requires {AUTO_FLAGS} to be set on '
                               f'the server; send tool_choice "none", "required" or a named function')
     return ToolRequest(checked, choice, name, True if parallel_tool_calls is None else parallel_tool_calls)
+
+
+def checked_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """The tools as the template gets them (each checked as tool_request checks it); None when there are none."""
+    return [_tool(t, i) for i, t in enumerate(tools)] if tools else None
+
+
+def _call(call: Any, where: str) -> dict[str, Any]:
+    """An assistant message's tool call as templates read it: `arguments` parsed (vLLM's: Hermes-style templates
+    write `tool_call.arguments | tojson`)."""
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        raise InvalidArgument(f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+    function = dict(call["function"])
+    if not isinstance(function.get("name"), str):
+        raise InvalidArgument(f"{where}.function.name must be a string")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments) if arguments else {}
+        except ValueError:
+            raise InvalidArgument(f"{where}.function.arguments is not JSON: {arguments[:40]!r}") from None
+    return {**dict(call), "function": function}
+
+
+def message_fields(tool_calls: Sequence[Any] | None, tool_call_id: str | None, name: str | None,
+                   index: int) -> dict[str, Any]:
+    """A message's fields besides role and content that templates read: an assistant's `tool_calls`, a tool
+    reply's `tool_call_id`, a `name`."""
+    fields: dict[str, Any] = {}
+    if tool_calls:
+        fields["tool_calls"] = [_call(c, f"messages[{index}].tool_calls[{i}]") for i, c in enumerate(tool_calls)]
+    if tool_call_id is not None:
+        fields["tool_call_id"] = tool_call_id
+    if name is not None:
+        fields["name"] = name
+    return fields

@@ -1,0 +1,104 @@
+"""Tool calling on the HTTP face through the official `openai` SDK, on a stand-in engine whose answer is a chosen
+text (so a Hermes call in it is certain): the call is parsed into message.tool_calls, a stream's deltas reassemble
+into the same call, and what vLLM refuses is a 400 naming the field before any engine time."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from preprocessor.limits import Limits
+from preprocessor.tools.choice import constrain
+from splice.sampling import SamplingParams
+from splice.structured_output import StructuredOutput
+from tests.preprocessor.http_face import http_face
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+CALL = 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+HERMES = Limits(tool_call_parser="hermes", enable_auto_tool_choice=True)
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def _sdk(face) -> openai.AsyncOpenAI:
+    host, port = face.http_address
+    return openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+async def test_hermes_call_is_parsed(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, limits=HERMES, answer=CALL) as face, _sdk(face) as sdk:
+        reply = await sdk.chat.completions.create(model=face.engine.info.model, messages=ASK, tools=[WEATHER])
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content == "Let me look."
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+async def test_streamed_call_reassembles(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, limits=HERMES, answer=CALL) as face, _sdk(face) as sdk:
+        stream = await sdk.chat.completions.create(model=face.engine.info.model, messages=ASK, tools=[WEATHER],
+                                                   stream=True)
+        content, calls, reasons = "", {}, []
+        async for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for d in delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = call["id"] or d.id
+                call["name"] += d.function.name or ""
+                call["arguments"] += d.function.arguments or ""
+            reasons.append(chunk.choices[0].finish_reason)
+        assert content == "Let me look."
+        assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("chatcmpl-tool-")
+        assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+        assert reasons[-1] == "tool_calls"
+
+
+async def test_no_call_is_content(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, limits=HERMES, answer="Sunny, I think.") as face, _sdk(face) as sdk:
+        reply = await sdk.chat.completions.create(model=face.engine.info.model, messages=ASK, tools=[WEATHER])
+        assert reply.choices[0].message.content == "Sunny, I think."
+        assert not reply.choices[0].message.tool_calls and reply.choices[0].finish_reason == "length"
+
+
+async def test_refusals(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny) as face, _sdk(face) as sdk:
+        model = face.engine.info.model
+        with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice"):
+            await sdk.chat.completions.create(model=model, messages=ASK, tools=[WEATHER])  # "auto" by default
+        with pytest.raises(openai.BadRequestError, match="'nope'"):
+            await sdk.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
+                                              tool_choice={"type": "function", "function": {"name": "nope"}})
+        with pytest.raises(openai.BadRequestError, match="needs tools"):
+            await sdk.chat.completions.create(model=model, messages=ASK, tool_choice="required")
+        with pytest.raises(openai.BadRequestError, match=r"tools\[0\].function.parameters"):
+            await sdk.chat.completions.create(model=model, messages=ASK, tool_choice="none", tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}])
+        assert face.engine.requests == []  # all before any engine time
+        # "none" renders the tools and answers as text
+        reply = await sdk.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="none")
+        assert reply.choices[0].message.content == "All good." and not reply.choices[0].message.tool_calls
+
+
+async def test_template_without_tools_is_refused(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, name="tiny-text-bos", limits=HERMES) as face, _sdk(face) as sdk:
+        with pytest.raises(openai.BadRequestError, match="tools: this chat template does not render tools"):
+            await sdk.chat.completions.create(model=face.engine.info.model, messages=ASK, tools=[WEATHER])
+        assert face.engine.requests == []
+
+
+@pytest.mark.skipif("structured" in SamplingParams.__dataclass_fields__,
+                    reason="this build has structured outputs: required / named are constrained, not refused")
+async def test_constrained_choices_need_structured_outputs(tiny_dirs, tiny):
+    async with http_face(tiny_dirs, tiny, limits=HERMES) as face, _sdk(face) as sdk:
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with pytest.raises(openai.BadRequestError, match="structured outputs"):
+                await sdk.chat.completions.create(model=face.engine.info.model, messages=ASK, tools=[WEATHER],
+                                                  tool_choice=choice)
+        with pytest.raises(Exception, match="structured outputs"):
+            constrain(SamplingParams(), StructuredOutput("json", "{}"))
