@@ -274,8 +274,8 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
 # vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not
 # implement: field -> the values (besides unset and null) that leave it off. Any other value is refused, naming
 # the field, rather than the request served without it. Fields with no effect on what is served pass: `user`
-# (vLLM ignores it too), `session_id` (routing), and without tools or a reasoning parser `parallel_tool_calls`
-# and `include_reasoning` (vLLM's have no effect either). Listed against vLLM's own field lists by
+# (vLLM ignores it too), `session_id` (routing), and without a reasoning parser `include_reasoning` (vLLM's has no
+# effect either). Listed against vLLM's own field lists by
 # tests/preprocessor/test_vllm_fields.py.
 NOT_SERVED: dict[str, tuple[Any, ...]] = {
     "cache_salt": (),  # until the prefix cache honours it

@@ -12,12 +12,17 @@ arguments stream as they come, after a first delta with its id and name.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from preprocessor.outputs import GenerationChunk
 from preprocessor.tools.calls import Extracted, ToolCall
 from preprocessor.tools.parsers import ToolParser
 from preprocessor.tools.request import ToolRequest
+from splice.engine_output import FinishReason
 
 TOOL_CALLS = "tool_calls"
 
@@ -109,3 +114,20 @@ class ToolAnswer:
         elif text:
             calls.append({"index": 0, "function": {"arguments": text}})
         return ({"tool_calls": calls} if calls else {}), reason
+
+
+async def tool_chunks(chunks: AsyncIterator[GenerationChunk], request: ToolRequest | None,
+                      parser: ToolParser | None) -> AsyncIterator[GenerationChunk]:
+    """The gRPC face's Chat stream under a tool request: each chunk's text as ToolAnswer.delta says (content held
+    while it may be a call), the calls on the final chunk with its finish reason. Without tools: as they come."""
+    answer = ToolAnswer(request, parser) if request is not None else None
+    async with contextlib.aclosing(chunks):  # closed with this one: a cancel reaches the engine call
+        async for chunk in chunks:
+            if answer is None:
+                yield chunk
+                continue
+            reason = chunk.finish_reason.value if chunk.finish_reason is not None else None
+            delta, reason = answer.delta(chunk.text, chunk.final, reason)
+            yield dataclasses.replace(chunk, text=delta.get("content", ""),
+                                      tool_calls=tuple(delta.get("tool_calls", ())),
+                                      finish_reason=FinishReason(reason) if reason is not None else None)

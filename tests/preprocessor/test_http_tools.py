@@ -102,3 +102,33 @@ async def test_constrained_choices_need_structured_outputs(tiny_dirs, tiny):
                                                   tool_choice=choice)
         with pytest.raises(Exception, match="structured outputs"):
             constrain(SamplingParams(), StructuredOutput("json", "{}"))
+
+
+async def test_grpc_chat_with_tools(tiny_dirs, tiny):
+    """The gRPC face: the same tools through the client, the call on the final chunk with TOOL_CALLS."""
+    from clients import AsyncSpliceClient, SpliceClientError
+
+    async with http_face(tiny_dirs, tiny, limits=HERMES, answer=CALL) as face:
+        client = AsyncSpliceClient(f"127.0.0.1:{face.pre.port}", timeout=60)
+        try:
+            chunks = [c async for c in client.chat(ASK, tools=[WEATHER], max_tokens=64)]
+            assert "".join(c.text for c in chunks) == "Let me look."
+            pieces = [p for c in chunks for p in c.tool_calls]
+            assert [(p.index, p.name) for p in pieces] == [(0, "get_weather")] and pieces[0].id.startswith("chatcmpl-")
+            assert json.loads(pieces[0].arguments) == {"city": "Paris"} and chunks[-1].finish_reason == "tool_calls"
+            # an assistant turn with its call and the tool's reply reach the template
+            call = {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "c1", "content": "sunny, 24C"}]
+            prompt = (await client.tokenize(history, tools=[WEATHER], tool_choice="none")).prompt
+            listed = prompt.split("<tools>\n")[1].split("\n</tools>")[0]
+            assert json.loads(listed) == WEATHER  # (a Struct keeps no key order)
+            assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+            assert "<tool_response>\nsunny, 24C\n</tool_response>" in prompt
+            with pytest.raises(SpliceClientError, match="'nope'") as err:
+                [c async for c in client.chat(ASK, tools=[WEATHER],
+                                              tool_choice={"type": "function", "function": {"name": "nope"}})]
+            assert err.value.code.name == "INVALID_ARGUMENT"
+        finally:
+            await client.close()
