@@ -170,7 +170,8 @@ def _secured(args: argparse.Namespace) -> str:
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
                  "min_tokens", "top_logprobs", "prompt_logprobs")
 # ... and onto ChatRequest fields
-CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs")
+CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
+               "tool_choice", "parallel_tool_calls")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -187,6 +188,13 @@ def _token_ids(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected token IDs separated by commas (e.g. 5,17,42), got {text!r}") \
             from None
+
+
+def _tool_choice(text: str) -> str | dict:
+    """--tool-choice: a mode, or any other word as the function's name (OpenAI's named choice)."""
+    if text in ("none", "auto", "required"):
+        return text
+    return {"type": "function", "function": {"name": text}}
 
 
 def _json(kind: type) -> Callable[[str], object]:
@@ -237,6 +245,17 @@ def chat_fields(args: argparse.Namespace) -> dict:
     if args.add_special_tokens:
         fields["add_special_tokens"] = True
     return fields
+
+
+def _print_tool_calls(chunks: list) -> None:
+    """A chat with tools: each call found, `name(arguments)`, its pieces joined by index."""
+    calls: dict[int, list[str]] = {}
+    for piece in (p for c in chunks for p in c.tool_calls):
+        call = calls.setdefault(piece.index, ["", ""])
+        call[0] += piece.name
+        call[1] += piece.arguments
+    for name, arguments in calls.values():
+        print(f"tool call: {name}({arguments})", flush=True)
 
 
 def _print_logprobs(chunks: list) -> None:
@@ -298,6 +317,7 @@ def _chat(args: argparse.Namespace) -> int:
                 usage, finish = chunk.usage or usage, chunk.finish_reason or finish
                 chunks.append(chunk)
             print()
+            _print_tool_calls(chunks)
             if sampling.get("prompt_logprobs") is not None:
                 _print_prompt_logprobs(chunks)
             if sampling.get("logprobs"):
@@ -475,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
     p.add_argument("--mm-processor-kwargs", type=_json(dict), metavar="JSON",
                    help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
+    p.add_argument("--tools", type=_json(list), metavar="JSON",
+                   help="""OpenAI's tools, e.g. '[{"type": "function", "function": {"name": "get_weather", """
+                        """"parameters": {...}}}]'; calls found are printed after the answer""")
+    p.add_argument("--tool-choice", type=_tool_choice, metavar="none|auto|required|NAME",
+                   help="with --tools: none, auto (the server's default with tools), required, or a function's name")
+    p.add_argument("--parallel-tool-calls", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-parallel-tool-calls: only the first call")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")

@@ -174,16 +174,25 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Chat's tool fields, which /v1/completions has no place for (vLLM's CompletionRequest has none): refused there as
+# UNHONOURED fields are, at the values that ask for something.
+CHAT_ONLY: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": ()}
+
+
+def _refuse(extra: dict[str, Any], fields: dict[str, tuple[Any, ...]], where: str = "") -> None:
+    for name, off in fields.items():
+        value = extra.get(name)
+        if value is not None and value not in off:
+            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
+            raise InvalidArgument(f"{name} is not supported{where}; {leave}, got {value!r}")
+
+
 def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int,
             **controls: Any) -> SamplingParams:
     """`controls`: SamplingParams fields each endpoint works out itself (prompt_logprobs, logprob_token_ids)."""
     if body.n != 1:
         raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
-    for name, off in UNHONOURED.items():
-        value = (body.model_extra or {}).get(name)
-        if value is not None and value not in off:
-            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
-            raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
+    _refuse(body.model_extra or {}, UNHONOURED)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -249,6 +258,7 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
     logprobs) replace the `logprobs` most likely."""
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
+    _refuse(body.model_extra or {}, CHAT_ONLY, " on /v1/completions (tools are chat's: /v1/chat/completions)")
     embeds = body.prompt_embeds is not None and body.prompt_embeds != []
     if body.echo and embeds:
         raise InvalidArgument("echo is not supported with prompt_embeds (vLLM's rule: they have no text)")
