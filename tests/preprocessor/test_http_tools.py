@@ -132,3 +132,20 @@ async def test_grpc_chat_with_tools(tiny_dirs, tiny):
             assert err.value.code.name == "INVALID_ARGUMENT"
         finally:
             await client.close()
+
+
+async def test_request_templates_are_checked_for_tools_too(tiny_dirs, tiny):
+    """A trusted request template renders in the sandbox: one that never reads `tools` is refused there too."""
+    from app.tiny import templates
+
+    limits = Limits(tool_call_parser="hermes", enable_auto_tool_choice=True, trust_request_chat_template=True)
+    async with http_face(tiny_dirs, tiny, name="tiny-text-bos", limits=limits, answer=CALL) as face, \
+            _sdk(face) as sdk:
+        model = face.engine.info.model
+        with pytest.raises(openai.BadRequestError, match="does not render tools"):
+            await sdk.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
+                                              extra_body={"chat_template": templates.CHATML})
+        reply = await sdk.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
+                                                  extra_body={"chat_template": templates.HERMES_CHATML})
+        assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
+        assert len(face.engine.requests) == 1  # the refused one never reached the engine
