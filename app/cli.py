@@ -168,7 +168,7 @@ def _secured(args: argparse.Namespace) -> str:
 
 # `splice chat` flags that map one-to-one onto SamplingParams fields (given = sent; the server checks the values)
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                 "min_tokens", "top_logprobs", "prompt_logprobs")
+                 "min_tokens", "top_logprobs", "prompt_logprobs", "n")
 # ... and onto ChatRequest fields
 CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
                "tool_choice", "parallel_tool_calls")
@@ -259,8 +259,13 @@ def _print_tool_calls(chunks: list) -> None:
 
 
 def _print_logprobs(chunks: list) -> None:
-    """--logprobs: each generated token's ID, text and log-probability, then its --top-logprobs alternatives."""
-    for chunk in chunks:
+    """--logprobs: each generated token's ID, text and log-probability, then its --top-logprobs alternatives; with
+    --n, choice by choice."""
+    several, shown = any(c.index for c in chunks), None
+    for chunk in sorted(chunks, key=lambda c: c.index):  # (stable: each choice's tokens in order)
+        if several and chunk.index != shown:
+            shown = chunk.index
+            _say(f"--- choice {shown}")
         text = f" {chunk.text!r}" if len(chunk.token_ids) == 1 else ""
         for i, (token, logprob) in enumerate(zip(chunk.token_ids, chunk.logprobs, strict=False)):
             top = chunk.top_logprobs[i] if i < len(chunk.top_logprobs) else ()
@@ -310,12 +315,20 @@ def _chat(args: argparse.Namespace) -> int:
         tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         with SpliceClient(args.target, timeout=args.timeout, tls=tls, api_key=api_key) as client:
-            usage = finish = None
+            usages, finishes = {}, {}  # by choice
+            choices: dict[int, list[str]] = {}  # n > 1: each choice printed whole once all have ended
             chunks = []
             for chunk in client.chat(messages, **fields, **sampling):
-                print(chunk.text, end="", flush=True)
-                usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+                if (args.n or 1) > 1:
+                    choices.setdefault(chunk.index, []).append(chunk.text)
+                else:
+                    print(chunk.text, end="", flush=True)
+                if chunk.usage:
+                    usages[chunk.index], finishes[chunk.index] = chunk.usage, chunk.finish_reason
                 chunks.append(chunk)
+            for i in sorted(choices):
+                print(f"--- choice {i}")
+                print("".join(choices[i]), end="")
             print()
             _print_tool_calls(chunks)
             if sampling.get("prompt_logprobs") is not None:
@@ -331,8 +344,10 @@ def _chat(args: argparse.Namespace) -> int:
     except ValueError as err:
         _say(f"error: {err}")
         return 1
-    if usage:
-        _say(f"finish_reason={finish} prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}")
+    if usages:  # the prompt counted once, the choices' tokens summed (as the HTTP API's usage)
+        finish = ",".join(str(finishes[i]) for i in sorted(finishes))
+        _say(f"finish_reason={finish} prompt_tokens={usages[min(usages)].prompt_tokens} "
+             f"completion_tokens={sum(u.completion_tokens for u in usages.values())}")
     return 0
 
 
@@ -449,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable sampled answer")
+    p.add_argument("--n", type=int, default=None, help="answers to sample from the one prompt (prefilled once), "
+                   "printed one after the other; with --seed, answer i samples with seed + i")
     p.add_argument("--top-p", type=float, default=None, help="(0, 1]; nucleus sampling")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--presence-penalty", type=float, default=None, help="[-2, 2]; per token generated so far")

@@ -1,18 +1,19 @@
-"""Chat latency through the HTTP face vs the gRPC face of one preprocessor, at concurrency 1 and 32.
+"""Chat latency through the HTTP face (OpenAI's API) vs the gRPC face of one preprocessor, at concurrency 1 and 32.
 
-    python -m bench.http_vs_grpc [--model tiny-idefics3] [--repeats 5] [--max-tokens 16]
+    python -m bench.http_vs_grpc [--model tiny-idefics3] [--concurrency 1 32] [--repeats 5] [--per-worker 4]
+                                 [--max-tokens 16] [--quick]
 
 One stack (engine + preprocessor with --http-port) serves both faces. Each repeat runs the same greedy
 chat request (ignore_eos, fixed length) as rounds of `concurrency` workers: gRPC Chat (streamed, every
-chunk read), HTTP /v1/chat/completions not streamed, and streamed as SSE (every event read); the face
-order alternates between repeats. A round's latency is its median request; the table shows the median
-over repeats, and HTTP / gRPC ratios (the issue's budget: at most 1.3).
+chunk read), HTTP /v1/chat/completions not streamed, and streamed as SSE (every event read); the faces are
+measured in turns. A round's latency is its median request; the table shows the median over repeats, and
+HTTP / gRPC ratios (the budget: at most 1.3).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import functools
 import os
 import statistics
 import time
@@ -22,7 +23,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import httpx
 
-from app.launch import start_stack
+from bench.common import bench_parser, in_turns_async
+from bench.stacks import running_stack
 from clients import AsyncSpliceClient
 
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -44,18 +46,14 @@ async def round_latency(request: Request, concurrency: int, per_worker: int) -> 
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-idefics3")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--per-worker", type=int, default=4, help="requests each worker sends per round")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    args = parser.parse_args()
-    engine, pre = start_stack(args.model, http_port=0, engine_args=["--max-running-seqs", str(max(args.concurrency))])
+    args = bench_parser(__doc__, quick={"concurrency": [1, 2], "repeats": 1, "per_worker": 1, "max_tokens": 4},
+                        model="tiny-idefics3", repeats=5, concurrency=[1, 32], per_worker=4,
+                        max_tokens=16).parse_args()
     sampling = {"temperature": 0.0, "max_tokens": args.max_tokens, "ignore_eos": True}
     body = {"model": args.model, "messages": MESSAGES, **sampling}
     limits = httpx.Limits(max_connections=max(args.concurrency) * 2, max_keepalive_connections=max(args.concurrency))
-    try:
+    with running_stack(args.model, http_port=0, engine_args=["--max-running-seqs", str(max(args.concurrency))]) as (
+            _, pre):
         async with AsyncSpliceClient(pre.address, timeout=120) as grpc_client, \
                 httpx.AsyncClient(base_url=f"http://{pre.http_address}", timeout=120, limits=limits) as http:
 
@@ -81,16 +79,10 @@ async def main() -> None:
                   f"{args.per_worker} requests per worker; median latency in ms")
             print(f"{'conc':>5} {'grpc':>9} {'http':>9} {'http-sse':>9} {'http/grpc':>10} {'sse/grpc':>9}")
             for conc in args.concurrency:
-                rounds: dict[str, list[float]] = {name: [] for name in faces}
-                for r in range(args.repeats):
-                    order = list(faces) if r % 2 == 0 else list(reversed(faces))
-                    for name in order:
-                        rounds[name].append(await round_latency(faces[name], conc, args.per_worker))
+                rounds = await in_turns_async({name: functools.partial(round_latency, request, conc, args.per_worker)
+                                               for name, request in faces.items()}, args.repeats)
                 g, h, s = (statistics.median(rounds[n]) * 1000 for n in ("grpc", "http", "http-sse"))
                 print(f"{conc:>5} {g:>9.1f} {h:>9.1f} {s:>9.1f} {h / g:>10.2f} {s / g:>9.2f}", flush=True)
-    finally:
-        pre.stop()
-        engine.stop()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""Row 4: inter-token latency p99 of RUNNING in-process streams while ARRIVING more join, vs the same streams at
-the same token positions with nobody arriving (the baseline), in one run.
+"""Inter-token latency p99 of RUNNING in-process streams while ARRIVING more join (what a burst of new prompts costs
+the streams already decoding), vs the same streams at the same token positions with nobody arriving (the
+baseline), in one run.
 
     python -m bench.itl_arrivals [--model tiny-text] [--running 32] [--arriving 32] [--prompt 512] [--repeats 3]
-                                 [--mixed-prefill-tokens N]
+                                 [--mixed-prefill-tokens N] [--quick]
 
 The running streams have 16-64 token prompts; the arrivals have PROMPT-token prompts and come one every 5 ms.
 Intervals are between consecutive tokens of one running stream, as its consumer on the event loop sees them.
@@ -11,7 +12,7 @@ token. Baseline: each repeat runs the same streams again (same prompts, greedy, 
 arrivals, and takes the intervals at the same token positions: a decode step costs more as contexts grow, and the
 smaller the prefill budget the longer the arrivals last, so a window before them understates the baseline (by up to
 2x here) and penalizes small budgets. Also printed against the streams' steady state before the arrivals (the 30
-steps before the first one), the baseline this bench used first. Both p99s of a ratio come from the same repeat,
+steps before the first one), an earlier baseline kept for comparison. Both p99s of a ratio come from the same repeat,
 so the ratio is taken per repeat and printed as median [min..max] over repeats (not a ratio of medians that pairs
 one repeat's load with another's baseline). Also printed: the arrivals' time to first token (from their generate
 call), p50 and max over the arrivals of a repeat, as median [min..max] over repeats.
@@ -32,7 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from app.models import resolve_model
-from bench.measure import report_paired, spread
+from bench.common import bench_parser, prompts, report, spread
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from splice.engine_request import EngineRequest
@@ -46,10 +47,11 @@ def p99(values: list[float]) -> float:
 
 async def run_streams(engine: LLMEngine, args: argparse.Namespace, seed: int, arrive: bool,
                       until: list[int] | None = None) -> tuple[list[list[float]], float, float, list[float]]:
-    """RUNNING greedy streams (16-64 token prompts from `seed`) and, if `arrive`, ARRIVING 512-token prompts one
+    """RUNNING greedy streams (16-64 token prompts from `seed`) and, if `arrive`, ARRIVING PROMPT-token prompts one
     every 5 ms once every stream has 40 tokens -> (each stream's token times, the arrivals' window start and end,
     the arrivals' TTFTs in ms). Without arrivals each stream i stops after until[i] tokens."""
-    g = torch.Generator().manual_seed(seed)
+    running_ids = prompts(args.running, seed)
+    arriving_ids = prompts(args.arriving, seed + 10_000, lengths=(args.prompt, args.prompt))
     greedy = dict(temperature=0.0, ignore_eos=True)
     stamps: list[list[float]] = [[] for _ in range(args.running)]
     first_tokens: list[float] = []
@@ -57,8 +59,7 @@ async def run_streams(engine: LLMEngine, args: argparse.Namespace, seed: int, ar
     arrivals_done = asyncio.Event()
 
     async def running(i: int) -> None:
-        ids = torch.randint(40, 600, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g).tolist()
-        req = EngineRequest(f"run{i}", ids, sampling=SamplingParams(max_tokens=100_000, **greedy))
+        req = EngineRequest(f"run{i}", running_ids[i], sampling=SamplingParams(max_tokens=100_000, **greedy))
         # aclosing: leaving early aborts the sequence now, not when the generator is collected
         async with aclosing(engine.generate(req)) as outs:
             async for out in outs:
@@ -67,8 +68,7 @@ async def run_streams(engine: LLMEngine, args: argparse.Namespace, seed: int, ar
                     return
 
     async def arriving(i: int) -> None:
-        ids = torch.randint(40, 600, (args.prompt,), generator=g).tolist()
-        req = EngineRequest(f"arr{i}", ids, sampling=SamplingParams(max_tokens=4, **greedy))
+        req = EngineRequest(f"arr{i}", arriving_ids[i], sampling=SamplingParams(max_tokens=4, **greedy))
         sent = time.perf_counter()
         async with aclosing(engine.generate(req)) as outs:
             async for _ in outs:
@@ -118,12 +118,8 @@ async def one_repeat(engine: LLMEngine, args: argparse.Namespace, seed: int) -> 
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-text")
-    parser.add_argument("--running", type=int, default=32)
-    parser.add_argument("--arriving", type=int, default=32)
-    parser.add_argument("--prompt", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = bench_parser(__doc__, quick={"running": 4, "arriving": 4, "prompt": 64, "repeats": 1}, running=32,
+                          arriving=32, prompt=512)
     parser.add_argument("--mixed-prefill-tokens", type=int, default=None,
                         help="prompt positions a step prefills while streams decode (default: the engine's)")
     args = parser.parse_args()
@@ -142,10 +138,10 @@ async def main() -> None:
             control.append(c)
             ttft_mid.append(statistics.median(ttfts))
             ttft_max.append(max(ttfts))
-        report_paired(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs the same "
-                      f"token positions without arrivals", loaded, control, "ms")
-        report_paired(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs their "
-                      f"steady state before the arrivals", loaded, steady, "ms")
+        report(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs the same token "
+               f"positions without arrivals", loaded, control, "ms")
+        report(f"{args.model}: ITL p99 of {args.running} streams while {args.arriving} arrive vs their steady "
+               f"state before the arrivals", loaded, steady, "ms")
         print(f"{args.model}: TTFT of the {args.arriving} arrivals ({args.prompt}-token prompts): p50 "
               f"{spread(ttft_mid)} ms | max {spread(ttft_max)} ms (n={args.repeats})", flush=True)
     finally:

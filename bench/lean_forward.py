@@ -1,46 +1,34 @@
 """The engine's runner with Splice's own text-stack forward (`--model-impl splice`, engine/models/lean_llama.py) vs
-the same runner calling transformers' modules (`--model-impl transformers`), side by side in one run:
+the same runner calling transformers' modules (`--model-impl transformers`), measured in turns in one run, on
+three kinds of step:
 
-    python -m bench.lean_forward [--model tiny-text] [--rows 64] [--context 128] [--steps 20] [--repeats 7]
+    python -m bench.lean_forward [--model tiny-text] [--rows 64] [--context 128] [--steps 20] [--repeats 7] [--quick]
 
 - decode: one decode step of ROWS rows x CONTEXT cached positions;
 - mixed: one packed step, every row decoding while one CONTEXT-token prompt is prefilled;
 - prefill: one left-padded prefill of 8 prompts of about CONTEXT tokens.
 
-Both load the same checkpoint; each repeat times `steps` calls of each, interleaved (the order alternating per
-repeat), and takes the median call; ratios are per repeat (bench.measure.report_paired). The logits of the two are
-compared too (they are bit-identical on CPU: the same ops in the same order).
+Both load the same checkpoint; each repeat times `steps` calls of each, in turns, and takes the median call; ratios
+are per repeat. The logits of the two are compared too (they are bit-identical on CPU: the same ops in the same
+order).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
 from app.models import resolve_model
-from bench.measure import report_paired
+from bench.common import bench_parser, in_turns, median_call, prompts, report
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner, PromptPart
 from splice.engine_request import EngineRequest
 
 GROUP = 8  # prompts prefilled per forward
-
-
-def median_call(fn: Callable[[], object], n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 class Side:
@@ -53,8 +41,8 @@ class Side:
         self.runner = ModelRunner(self.family)
         self.first: list[int] = []
         for s in range(0, len(ids), GROUP):
-            prompts = self.prompts(range(s, min(s + GROUP, len(ids))))
-            self.first += self.runner.prefill(list(range(s, s + len(prompts))), prompts).argmax(-1).tolist()
+            batch = self.prompts(range(s, min(s + GROUP, len(ids))))
+            self.first += self.runner.prefill(list(range(s, s + len(batch))), batch).argmax(-1).tolist()
         self.tokens = list(self.first)
         self.arrival = self.prompts([0])[0]
 
@@ -76,35 +64,27 @@ class Side:
 
     def prefill(self) -> torch.Tensor:
         """A group prefill of GROUP prompts (left-padded: their lengths differ) into a runner of its own."""
-        prompts = [self.family.prompt(EngineRequest(f"p{r}", self.ids[r, :len(self.ids[r]) - r].tolist()))
-                   for r in range(GROUP)]
-        return ModelRunner(self.family).prefill(list(range(GROUP)), prompts)
+        batch = [self.family.prompt(EngineRequest(f"p{r}", self.ids[r, :len(self.ids[r]) - r].tolist()))
+                 for r in range(GROUP)]
+        return ModelRunner(self.family).prefill(list(range(GROUP)), batch)
 
 
 @torch.inference_mode()
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-text")
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    args = bench_parser(__doc__, quick={"rows": 8, "context": 32, "steps": 2, "repeats": 1}, repeats=7, rows=64,
+                        context=128, steps=20).parse_args()
     torch.set_num_threads(1)
     folder = str(resolve_model(args.model))
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(40, 600, (args.rows, args.context), generator=g)
+    ids = torch.tensor(prompts(args.rows, lengths=(args.context, args.context)))
     lean, hf = Side(folder, "splice", ids), Side(folder, "transformers", ids)
     assert lean.first == hf.first
     for what in ("decode", "mixed", "prefill"):
         a, b = getattr(lean, what), getattr(hf, what)
         same = torch.equal(a(), b())  # also the warm-up
-        ours, base = [], []
-        for k in range(args.repeats):
-            for side in ((a, ours), (b, base)) if k % 2 == 0 else ((b, base), (a, ours)):
-                side[1].append(median_call(side[0], args.steps) * 1e3)
-        report_paired(f"{args.model}: {what} ({args.rows} rows x {args.context} context), lean vs transformers' "
-                      f"modules, logits identical: {same}", ours, base, "ms")
+        ms = in_turns({"lean": lambda a=a: median_call(a, args.steps) * 1e3,
+                       "transformers": lambda b=b: median_call(b, args.steps) * 1e3}, args.repeats)
+        report(f"{args.model}: {what} ({args.rows} rows x {args.context} context), lean vs transformers' modules, "
+               f"logits identical: {same}", ms["lean"], ms["transformers"], "ms")
 
 
 if __name__ == "__main__":

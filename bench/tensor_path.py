@@ -1,7 +1,7 @@
-"""Row 1: prompt embeds of SIZE MiB through both hops (client -> preprocessor -> engine, real processes) vs two
-plain loopback TCP copies of the same bytes, measured side by side.
+"""The tensor path: prompt embeds of SIZE MiB through both hops (client -> preprocessor -> engine, real processes)
+vs two plain loopback TCP copies of the same bytes, measured in turns.
 
-    python -m bench.tensor_path [--mib 256] [--repeats 3]
+    python -m bench.tensor_path [--mib 256] [--repeats 3] [--quick]
 
 The stack serves tiny-text with its ModelInfo widened (max_model_len 2**21) so a prompt of SIZE MiB of rows
 passes every check; the engine takes at most 8192 positions per forward, so after reassembly and full
@@ -12,7 +12,6 @@ forward. The baseline sends the bytes over a loopback socket into a preallocated
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import os
@@ -25,6 +24,8 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+
+from bench.common import bench_parser, in_turns, report
 
 WIDE_LEN = 1 << 21
 
@@ -80,8 +81,8 @@ def serve(kind: str, engine: str) -> None:
 
 
 def spawn(kind: str, engine: str = "") -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--engine", engine], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.tensor_path", "--serve", kind, "--engine", engine],
+                            stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("ready "):
             return proc, line.split()[1]
@@ -89,18 +90,15 @@ def spawn(kind: str, engine: str = "") -> tuple[subprocess.Popen, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--serve", choices=["engine", "preprocessor"])
-    parser.add_argument("--engine", default="")
+    parser = bench_parser(__doc__, quick={"mib": 8, "repeats": 1}, model=None, repeats=3, mib=256)
+    parser.add_argument("--serve", choices=["engine", "preprocessor"], help="(internal) one service, in this process")
+    parser.add_argument("--engine", default="", help="(internal) the engine a served preprocessor calls")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.engine)
         return
     import grpc
 
-    from bench.measure import report
     from clients import SpliceClient, SpliceClientError
 
     engine, engine_addr = spawn("engine")
@@ -109,9 +107,8 @@ def main() -> None:
         rows = (args.mib << 20) // (64 * 4)  # tiny-text: hidden 64, float32
         embeds = torch.randn(rows, 64)
         data = memoryview(embeds.numpy()).cast("B")
-        ours, base = [], []
         with SpliceClient(pre_addr, timeout=600) as client:
-            for _ in range(args.repeats):
+            def hops() -> float:
                 start = time.perf_counter()
                 try:
                     list(client.complete([embeds], max_tokens=1))
@@ -119,12 +116,17 @@ def main() -> None:
                 except SpliceClientError as err:
                     if err.code != grpc.StatusCode.INVALID_ARGUMENT or "prefills at most" not in err.details:
                         raise
-                ours.append(time.perf_counter() - start)
+                return time.perf_counter() - start
+
+            def tcp() -> float:
                 start = time.perf_counter()
                 tcp_copy(data)
                 tcp_copy(data)
-                base.append(time.perf_counter() - start)
-        report(f"{args.mib} MiB prompt embeds, both hops vs two loopback TCP copies", ours, base, "s")
+                return time.perf_counter() - start
+
+            seconds = in_turns({"hops": hops, "tcp": tcp}, args.repeats)
+        report(f"{args.mib} MiB prompt embeds, both hops vs two loopback TCP copies", seconds["hops"], seconds["tcp"],
+               "s")
     finally:
         for p in (pre, engine):
             p.terminate()

@@ -1,8 +1,8 @@
-"""Row 5: time to first token added by the two gRPC hops at concurrency 1: the whole stack (client ->
-preprocessor -> engine processes) vs the same preprocessor core calling an in-process engine directly, one
-request after the other, alternating.
+"""Time to first token added by the two gRPC hops at concurrency 1: the whole stack (client -> preprocessor ->
+engine processes) vs the same preprocessor core calling an in-process engine directly, one request after the
+other, in turns.
 
-    python -m bench.ttft_hops [--model tiny-text] [--repeats 20]
+    python -m bench.ttft_hops [--model tiny-text] [--repeats 20] [--quick]
 
 A vision model's request carries one 224x224 image; a text model's is one short user message. Both sides
 normalize (template, tokenization, image processing) and prefill the same request; the difference is the hops.
@@ -12,9 +12,7 @@ floor under what the hops add.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import io
 import os
 import statistics
 import time
@@ -22,10 +20,10 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from PIL import Image
 
-from app.launch import start_stack
 from app.models import resolve_model
+from bench.common import bench_parser, in_turns_async, png
+from bench.stacks import running_stack
 from bench.wire_floor import Floor
 from clients import AsyncSpliceClient, image_part, text_part
 from engine.config import EngineConfig
@@ -37,19 +35,8 @@ from preprocessor.model_files import load_model_files
 from splice.sampling import SamplingParams
 
 
-def png(seed: int = 0) -> bytes:
-    g = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (224, 224, 3), generator=g, dtype=torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-text")
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    args = bench_parser(__doc__, quick={"repeats": 2}, repeats=20).parse_args()
     torch.set_num_threads(1)
     folder = str(resolve_model(args.model))
     engine = LLMEngine(EngineConfig(model=folder))
@@ -62,41 +49,35 @@ async def main() -> None:
     parts = (ImagePart("data", image, Where(0, 0)), Text(text, Where(0, 1))) if image else (Text(text, Where(0, 0)),)
     conv = Conversation((Message("user", parts, False, 0),))
     content = [image_part(image), text_part(text)] if image else [text_part(text)]
-    stack, pre = start_stack(args.model)
     floor = Floor()
     try:
-        async with AsyncSpliceClient(pre.address, timeout=120) as client:
-            async def hops() -> float:
-                start = time.perf_counter()
-                async for _ in client.chat([{"role": "user", "content": content}], temperature=0.0, max_tokens=1):
-                    return time.perf_counter() - start
-                raise RuntimeError("no chunk")
+        with running_stack(args.model) as (_, pre):
+            async with AsyncSpliceClient(pre.address, timeout=120) as client:
+                async def hops() -> float:
+                    start = time.perf_counter()
+                    async for _ in client.chat([{"role": "user", "content": content}], temperature=0.0,
+                                               max_tokens=1):
+                        return time.perf_counter() - start
+                    raise RuntimeError("no chunk")
 
-            async def direct() -> float:
-                start = time.perf_counter()
-                async for _ in core.chat(conv, sampling):
-                    return time.perf_counter() - start
-                raise RuntimeError("no chunk")
+                async def direct() -> float:
+                    start = time.perf_counter()
+                    async for _ in core.chat(conv, sampling):
+                        return time.perf_counter() - start
+                    raise RuntimeError("no chunk")
 
-            for _ in range(3):
-                await hops()
-                await direct()
-                await floor.call()
-            ours, base, wire = [], [], []
-            for _ in range(args.repeats):
-                ours.append(await hops() * 1e3)
-                base.append(await direct() * 1e3)
-                wire.append(await floor.call() * 1e3)
-        added = [a - b for a, b in zip(ours, base, strict=True)]
-        print(f"{args.model}: TTFT through both hops {statistics.median(ours):.2f} ms vs in-process "
-              f"{statistics.median(base):.2f} ms; added by the hops: median {statistics.median(added):.2f} ms "
-              f"[{min(added):.2f}..{max(added):.2f}] (n={len(added)}); the wire's floor (two nested hops doing "
-              f"nothing): {statistics.median(wire):.2f} ms [{min(wire):.2f}..{max(wire):.2f}]", flush=True)
+                sides = {"hops": hops, "direct": direct, "wire": floor.call}
+                await in_turns_async(sides, 3)  # warm-up
+                seconds = await in_turns_async(sides, args.repeats)
     finally:
         await floor.close()
-        pre.stop()
-        stack.stop()
         engine.stop()
+    ours, base, wire = ([t * 1e3 for t in seconds[side]] for side in ("hops", "direct", "wire"))
+    added = [a - b for a, b in zip(ours, base, strict=True)]
+    print(f"{args.model}: TTFT through both hops {statistics.median(ours):.2f} ms vs in-process "
+          f"{statistics.median(base):.2f} ms; added by the hops: median {statistics.median(added):.2f} ms "
+          f"[{min(added):.2f}..{max(added):.2f}] (n={len(added)}); the wire's floor (two nested hops doing "
+          f"nothing): {statistics.median(wire):.2f} ms [{min(wire):.2f}..{max(wire):.2f}]", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The wire's floor under row 5: what two nested gRPC hops cost when the services do nothing else.
+"""The wire's floor under bench.ttft_hops' figure: what two nested gRPC hops cost when the services do nothing else.
 
 A relay process (in place of the preprocessor) answers each call by calling an echo process (in place of the
 engine) and passing its first message back; both are grpc.aio servers on uvloop with Splice's own server and
@@ -6,15 +6,13 @@ channel options, unary-stream calls as Chat and GenerateWhole are, messages abou
 `bench.ttft_hops` measures a call through them beside each request, so what our hops add can be read against
 what the same two hops cost with no work in them.
 
-    python -m bench.wire_floor              # prints the floor alone
+    python -m bench.wire_floor [--repeats 500] [--quick]      # prints the floor alone
     python -m bench.wire_floor serve [--relay-to HOST:PORT]   # one of its processes (prints `port N`)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from bench.common import bench_parser, spread
 from splice.grpc_options import CLIENT_OPTIONS, SERVER_OPTIONS
 from splice.service_main import loop_factory
 
@@ -96,15 +95,13 @@ async def _alone(repeats: int) -> None:
         times = [await floor.call() * 1e3 for _ in range(repeats)]
     finally:
         await floor.close()
-    print(f"two nested gRPC hops, no work: median {statistics.median(times):.2f} ms "
-          f"[{min(times):.2f}..{max(times):.2f}] (n={repeats})")
+    print(f"two nested gRPC hops, no work: {spread(times)} ms (n={repeats})")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, quick={"repeats": 20}, model=None, repeats=500)
     parser.add_argument("mode", nargs="?", choices=("measure", "serve"), default="measure")
-    parser.add_argument("--relay-to")
-    parser.add_argument("--repeats", type=int, default=500)
+    parser.add_argument("--relay-to", help="(serve) the echo process this relay calls")
     args = parser.parse_args()
     run = serve(args.relay_to) if args.mode == "serve" else _alone(args.repeats)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:

@@ -33,8 +33,10 @@ class Chunk:
     # first
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     # with prompt_logprobs = k (first chunk only): the prompt's token IDs, and per position None at 0, else (token ID,
-    # logprob, rank, the k most likely as (token ID, logprob)): `prompt_logprobs.entries()`
+    # logprob, rank, the k most likely as (token ID, logprob)): `prompt_logprobs.entries()`. With n > 1: on a chunk of
+    # choice 0 only
     prompt_logprobs: PromptLogprobs | None = None
+    index: int = 0  # which of the request's n choices it belongs to (each ends with its own final chunk)
     # a chat with tools: call pieces as OpenAI streams them; `ToolCallPiece`s of one index join into one call
     tool_calls: tuple[ToolCallPiece, ...] = ()
 
@@ -49,6 +51,7 @@ class Chunk:
             stop_reason=pb.stop_reason,
             top_logprobs=_per_token(pb),
             prompt_logprobs=PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None,
+            index=pb.index,
             tool_calls=tuple(ToolCallPiece(c.index, c.id, c.name, c.arguments) for c in pb.tool_calls),
         )
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import torch
 
+from engine import fork
 from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
 from engine.logits_controls import LogitsControls
@@ -74,6 +75,7 @@ class LLMEngine:
         self._listeners: dict[int, Listener] = {}  # seq_id -> where its outputs go
         self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
+        self._forked: dict[int, list[Sequence]] = {}  # this step's n > 1 prompts: seq_id -> its choices that started
         self._controls = LogitsControls(self.m.device)  # penalties and masks: per-sequence state, batched apply
         self.steps = 0  # forwards run; tests and metrics read it
         self.packed_steps = 0  # of those, mixed steps run as one packed forward
@@ -134,20 +136,27 @@ class LLMEngine:
         if self._thread is None:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
+        self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
         await inline_or_thread(inline, validate_request, req, self.m.info, self.m.family.images)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
-        listener = Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval)
+        seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)
+        listeners = [Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval) for _ in seqs]
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self._seqs[seq.seq_id] = seq
-            self._listeners[seq.seq_id] = listener
+            for s, listener in zip(seqs, listeners, strict=True):
+                self._listeners[s.seq_id] = listener
         self._wake.set()
         try:
+            if len(seqs) > 1:
+                async for out in fork.merged(listeners):
+                    yield out
+                return
             while True:
-                out, error = await listener.take()
+                out, error = await listeners[0].take()
                 if out is not None:
                     yield out
                     if out.finished:
@@ -156,11 +165,13 @@ class LLMEngine:
                     raise error
         finally:
             # the caller stopped listening (cancelled, closed the generator, or we are done)
-            if not seq.is_finished:
-                seq.abort_requested = True
+            if any(not s.is_finished for s in seqs):
+                for s in seqs:
+                    s.abort_requested = True
                 self._wake.set()
             with self._lock:
-                self._listeners.pop(seq.seq_id, None)
+                for s in seqs:
+                    self._listeners.pop(s.seq_id, None)
 
     def abort(self, request_id: str) -> int:
         """Aborts every live sequence with this request ID before its next step; returns how many."""
@@ -347,9 +358,36 @@ class LLMEngine:
         else:
             prompt_ids = req.token_ids
         self._controls.start(seq, prompt_ids)  # (engine thread only, as are its apply, record and release)
+        if seq.forks:
+            self._fork(seq, prompt_ids)
         seq.payload = None  # prompt tensors are no longer needed
 
+    def _fork(self, seq: Sequence, prompt_ids: list[int]) -> None:
+        """`seq`'s prompt is in: its other choices start from a copy of its row, each with its own generator and
+        controls, and take their first token from its prefill's logits in `_postprocess` (engine/fork.py)."""
+        with self._lock:
+            if seq.abort_requested:  # no choice of it will be read: they never start (its end frees their slots)
+                return
+            children = self.scheduler.fork(seq)
+            for child in children:
+                self._seqs[child.seq_id] = child
+        try:
+            self.runner.fork(seq.seq_id, [c.seq_id for c in children])
+        except Exception as exc:  # (growing the key/value buffers): the request fails whole, the batch goes on
+            log.exception("request %s: starting its %d other choices failed", seq.request_id, len(children))
+            with self._lock:  # released (their error sent) at the next step; this step's sampling skips them
+                for s in (seq, *children):
+                    self.scheduler.finish(s, FinishReason.ERROR, exc)
+            return
+        for child in children:
+            self._generators[child.seq_id] = make_generator(child.sampling.seed, self.m.device)
+            self._controls.start(child, prompt_ids)
+        self._forked[seq.seq_id] = children
+
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        if self._forked:  # choices that start in this step sample their first token from their prompt's logits
+            seqs, logits = fork.expand(seqs, logits, self._forked)
+            self._forked = {}
         controlled = self._controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
         tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs],
                                         [self._generators[s.seq_id] for s in seqs], raw=logits)
@@ -369,7 +407,7 @@ class LLMEngine:
                 usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
                 self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage,
                                              *(top if top is not None else ((), ())),
-                                             prompt_logprobs=self._prompt_logprobs(seq)))
+                                             prompt_logprobs=self._prompt_logprobs(seq), index=seq.index))
                 if reason is not None:
                     self._release(seq)
         # one hand-off per event loop for the whole forward: a mixed step's decode tokens go out before its

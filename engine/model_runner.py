@@ -352,6 +352,30 @@ class ModelRunner:
         return (decoded if order is None else decoded[order]), logits[rows:]
 
     @torch.inference_mode()
+    def fork(self, seq_id: int, new_ids: list[int]) -> None:
+        """New rows `new_ids`, each a copy of `seq_id`'s row as it stands after its prompt's prefill (its key/value
+        columns, its family's states, its next position): the other choices of an n > 1 request. From here on every
+        row is on its own. They join after the rows in use; no long prompt is being prefilled beside them (the
+        scheduler admits nothing while one is). On an exception (a buffer that cannot grow) the batch is as it was."""
+        b = self.batch
+        assert b is not None and seq_id in b.seq_ids and new_ids and self.pending is None
+        src, rows = b.slot_seqs.index(seq_id), b.kv.rows
+        try:
+            for _ in new_ids:
+                b.kv.fork(src)
+            self.family.cache.fork(b.cache, src, len(new_ids))
+        except BaseException:
+            del b.kv.start[rows:], b.kv.end[rows:]
+            self.family.cache.truncate(b.cache, rows)
+            b.kv.refresh()
+            raise
+        b.seq_ids += new_ids
+        b.slot_seqs += new_ids
+        b.positions = torch.cat([b.positions, b.positions[src:src + 1].expand(len(new_ids))])
+        b.reorder()
+        b.kv.refresh()
+
+    @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:
         """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks (a long prompt
         still being prefilled keeps the slot after the rows in use)."""

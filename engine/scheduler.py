@@ -9,6 +9,9 @@ two-forward fallback), so a wave of arrivals adds a bounded prefill to each step
 streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
 per step (a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
 once. Finished and aborted ones leave at the boundary they finish on.
+
+A request of n > 1 choices is one sequence until its prompt is in, then n (`fork`): it is admitted only where all n
+fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
 """
 
 from __future__ import annotations
@@ -53,12 +56,25 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefilling: Sequence | None = None  # running, its long prompt prefilled over several steps
+        self.reserved = 0  # running slots promised to the other choices of admitted n > 1 requests, not yet started
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def used(self) -> int:
+        """Running slots taken or promised."""
+        return len(self.running) + self.reserved
+
+    def check_choices(self, n: int) -> None:
+        """InvalidArgument when a request of `n` choices could never run here (before any work is spent on it)."""
+        if n > self.max_running_seqs:
+            raise InvalidArgument(f"n is {n}, but this engine runs at most {self.max_running_seqs} sequences at once "
+                                  f"(--max-running-seqs), and all n choices of a request run together")
+
     def add(self, seq: Sequence) -> None:
+        self.check_choices(seq.slots)
         if seq.prompt_len > self.max_batch_tokens:
             raise InvalidArgument(f"prompt has {seq.prompt_len} positions; this engine prefills at most "
                                   f"{self.max_batch_tokens} (--max-batch-tokens)")
@@ -76,28 +92,40 @@ class Scheduler:
             seq = self.prefilling
             return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, seq.prefilled,
                                                                      min(seq.prompt_len, seq.prefilled + budget)))
-        room = len(self.running) < self.max_running_seqs
-        if decode and room and self.waiting and self.waiting[0].prompt_len > budget:
+        room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
+        if decode and room and self.waiting[0].prompt_len > budget:
             seq = self.prefilling = self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq)
             return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, 0, budget))
         admitted: list[Sequence] = []
         longest = total = 0
-        while self.waiting and len(self.running) + len(admitted) < self.max_running_seqs:
+        while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
             seq = self.waiting[0]
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
             padded = max(longest, seq.prompt_len) * (len(admitted) + 1)
             cost = total + seq.prompt_len if decode and self.packs_mixed_steps else padded
             if admitted and (cost > budget or padded > self.max_batch_tokens):
                 break
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            self._admit(self.waiting.popleft())
             admitted.append(seq)
             longest = max(longest, seq.prompt_len)
             total += seq.prompt_len
-        self.running.extend(admitted)
         return SchedulerOutput(prefill=admitted, decode=decode)
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        self.reserved += len(seq.forks)
+
+    def fork(self, seq: Sequence) -> list[Sequence]:
+        """`seq`'s prompt is in: its other choices start now, RUNNING beside it in the slots reserved for them."""
+        children, seq.forks = seq.forks, []
+        self.reserved -= len(children)
+        for child in children:
+            child.status = SeqStatus.RUNNING
+            child.prefilled = child.prompt_len
+        self.running.extend(children)
+        return children
 
     def chunk_done(self, seq: Sequence, end: int) -> None:
         """`seq`'s prompt is cached through `end`; at its length the sequence decodes from the next step."""
@@ -113,6 +141,7 @@ class Scheduler:
             self.prefilling = None
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
+            self.reserved -= len(seq.forks)  # (choices that never started: finish() drops them)
         else:
             self.waiting.remove(seq)
         seq.finish(reason, error)

@@ -36,6 +36,10 @@ class Sequence:
     error: BaseException | None = None
     abort_requested: bool = False  # set by any thread; the engine drains it between steps
     prefilled: int = 0  # prompt positions already cached (a long prompt admitted while others run fills in steps)
+    index: int = 0  # which of its request's n choices this is (SamplingParams.n)
+    # the request's other choices (n > 1), made with it and queued nowhere: they start from its prefill (a copy of its
+    # row) and then run on their own; emptied when they start (Scheduler.fork) or it ends before they could
+    forks: list[Sequence] = field(default_factory=list)
 
     @property
     def num_generated(self) -> int:
@@ -49,6 +53,11 @@ class Sequence:
     def max_new_tokens(self) -> int:
         room = self.max_model_len - self.prompt_len
         return room if self.sampling.max_tokens is None else min(room, self.sampling.max_tokens)
+
+    @property
+    def slots(self) -> int:
+        """Running slots the sequence needs: its own, and those of the choices it forks into after its prefill."""
+        return 1 + len(self.forks)
 
     @property
     def is_finished(self) -> bool:
@@ -75,3 +84,4 @@ class Sequence:
         self.finish_reason = reason
         self.error = error
         self.payload = None  # drop tensors as soon as the sequence leaves
+        self.forks = []  # choices that had not started never will

@@ -61,6 +61,15 @@ class Prepared:
     arrival: float  # time.perf_counter() when the request arrived
 
     @property
+    def choices_per_prompt(self) -> int:
+        return self.prompts[0].request.sampling.n
+
+    @property
+    def choices(self) -> int:
+        """Choices the request answers: n per prompt."""
+        return len(self.prompts) * self.choices_per_prompt
+
+    @property
     def prompt_ids(self) -> list[list[int]]:
         """Each prompt's token IDs as the engine receives them (FILLER_ID at prompt_embeds positions, as vLLM
         reports 0 there)."""
@@ -170,8 +179,18 @@ class PreprocessorCore:
         return Prepared("complete", tuple(normalized), arrival)
 
     def generate(self, prepared: Prepared) -> AsyncIterator[tuple[int, GenerationChunk]]:
-        """The answers of a prepared request's prompts, side by side: (prompt index, chunk) as each comes."""
-        return merge_streams([self._generate(n, prepared.endpoint, prepared.arrival) for n in prepared.prompts])
+        """The answers of a prepared request's prompts, side by side: (choice index, chunk) as each comes. A prompt
+        has SamplingParams.n choices; prompt p's choice j is the request's choice p x n + j (vLLM's numbering)."""
+        merged = merge_streams([self._generate(n, prepared.endpoint, prepared.arrival) for n in prepared.prompts])
+        n = prepared.choices_per_prompt
+        return merged if n == 1 else _choice_indices(merged, n)  # (n = 1: the prompt index is the choice's)
+
+    def answer_tokens(self, prepared: Prepared) -> int:
+        """The most tokens a prepared request's choices can generate together: each prompt's n choices of up to
+        max_tokens, within what its prompt leaves of max_model_len."""
+        room = self.info.max_model_len
+        return sum(n.request.sampling.n * min(n.request.sampling.max_tokens or room, room - n.request.prompt_len)
+                   for n in prepared.prompts)
 
     async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
                    ) -> AsyncIterator[GenerationChunk]:
@@ -193,13 +212,15 @@ class PreprocessorCore:
         if self._engine is None:
             raise RuntimeError("this PreprocessorCore has no engine")
         first = True
+        unfinished = normalized.request.sampling.n  # choices: the request ends with the last one's final chunk
         stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinels.id_set)
         async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 if first:
                     metrics.TTFT_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
                     first = False
-                if chunk.final:
+                unfinished -= chunk.final
+                if chunk.final and not unfinished:
                     metrics.E2E_SECONDS.labels(endpoint).observe(time.perf_counter() - arrival)
                 yield chunk
 
@@ -244,6 +265,14 @@ def _check_prompt_logprobs(sampling: SamplingParams, embeds: Sequence[Embeds]) -
     """Before any part is decoded: prompt embeddings have no tokens to score (the engine refuses them too)."""
     if sampling.prompt_logprobs is not None and embeds:
         raise InvalidArgument(f"{PROMPT_LOGPROBS_WITH_EMBEDS} ({embeds[0].where})")
+
+
+async def _choice_indices(chunks: AsyncIterator[tuple[int, GenerationChunk]],
+                          n: int) -> AsyncIterator[tuple[int, GenerationChunk]]:
+    """(prompt index, chunk) -> (choice index, chunk)."""
+    async with aclosing(chunks) as each:
+        async for prompt, chunk in each:
+            yield prompt * n + chunk.index, chunk
 
 
 def _record(endpoint: str, normalized: Normalized, arrival: float, images: int) -> None:

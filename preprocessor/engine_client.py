@@ -68,7 +68,8 @@ class EngineClient:
             call = self._stub.GenerateWhole(whole, metadata=self._metadata)
         else:
             call = self._stub.Generate(paced(encode_request(request, header=header)), metadata=self._metadata)
-        pieces = Pieces()  # a long prompt's logprobs, in pieces before the first token
+        pieces = Pieces()  # a long prompt's logprobs, in pieces before the first token (of choice 0)
+        unfinished = request.sampling.n  # choices still running: each ends with its own finished output
         try:
             async for pb in call:
                 out = EngineOutput.from_pb(pb)
@@ -77,7 +78,8 @@ class EngineClient:
                     if not out.token_ids and not out.finished:  # a leading piece alone
                         continue
                     out = dataclasses.replace(out, prompt_logprobs=pieces.take())
-                if out.finished:
+                unfinished -= out.finished
+                if not unfinished:
                     # The call is read to its end (the engine's handler returns right after its last message)
                     # before the last output goes on: a consumer that stops there would otherwise cancel a call
                     # that succeeded, and the engine would count it CANCELLED, without its load report trailer.

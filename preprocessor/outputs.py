@@ -22,8 +22,9 @@ class GenerationChunk:
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
-    # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk
+    # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk (of choice 0 when n > 1)
     prompt_logprobs: PromptLogprobs | None = None
+    index: int = 0  # which of the request's n choices (SamplingParams.n) it belongs to
     # a Chat with tools: call pieces in OpenAI's streamed shape ({"index", "id", "type", "function": {"name",
     # "arguments"}}; later pieces of an index only add arguments), preprocessor/tools/answer.py
     tool_calls: tuple[dict, ...] = ()
@@ -36,7 +37,8 @@ class GenerationChunk:
         """`prompt_logprobs`: the piece this message carries (to_pbs), default the chunk's own."""
         # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
         pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs,
-                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs)
+                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs,
+                                              index=self.index)
         if self.finish_reason is not None:
             pb.finish_reason = finish_reason_to_pb(self.finish_reason)
         if self.stop_reason:
@@ -56,7 +58,8 @@ class GenerationChunk:
         """This chunk's messages: one, or with a long prompt's logprobs their leading pieces first, each alone
         (splice/prompt_logprobs.py)."""
         return split_messages(self.prompt_logprobs, self.to_pb,
-                              lambda piece: preprocessor_pb2.GenerationChunk(prompt_logprobs=piece.to_pb()))
+                              lambda piece: preprocessor_pb2.GenerationChunk(prompt_logprobs=piece.to_pb(),
+                                                                            index=self.index))
 
 
 @dataclass(frozen=True)

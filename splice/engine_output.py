@@ -69,8 +69,9 @@ class EngineOutput:
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
-    # with SamplingParams.prompt_logprobs: the prompt's, on the output carrying the first token
+    # with SamplingParams.prompt_logprobs: the prompt's, on the output carrying the first token (choice 0's when n > 1)
     prompt_logprobs: PromptLogprobs | None = None
+    index: int = 0  # which of the request's n choices (SamplingParams.n) these tokens belong to
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:
@@ -85,22 +86,24 @@ class EngineOutput:
 
     @classmethod
     def merge(cls, outputs: list[EngineOutput]) -> EngineOutput:
-        """Consecutive outputs of one stream as one (a reader that fell behind): tokens and logprobs
+        """Consecutive outputs of one choice as one (a reader that fell behind): tokens and logprobs
         concatenated in order, finish reason and usage from the last. Only the last may be finished."""
         if len(outputs) == 1:
             return outputs[0]
         if any(o.finished for o in outputs[:-1]):
             raise ValueError("only the last of the merged outputs may be finished")
         last = outputs[-1]
+        if any(o.index != last.index for o in outputs):
+            raise ValueError("merged outputs must belong to one choice")
         return cls(tuple(t for o in outputs for t in o.token_ids), tuple(lp for o in outputs for lp in o.logprobs),
                    last.finish_reason, last.usage, tuple(t for o in outputs for t in o.top_ids),
                    tuple(lp for o in outputs for lp in o.top_logprobs),
-                   next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None))
+                   next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None), last.index)
 
     def to_pb(self, prompt_logprobs: PromptLogprobs | None = None) -> engine_pb2.GenerateResponse:
         """`prompt_logprobs`: the piece this message carries (to_pbs), default the output's own."""
         pb = engine_pb2.GenerateResponse(token_ids=self.token_ids, logprobs=self.logprobs, top_token_ids=self.top_ids,
-                                         top_logprobs=self.top_logprobs)
+                                         top_logprobs=self.top_logprobs, index=self.index)
         if self.finish_reason is not None:
             pb.finish_reason = self.finish_reason.to_pb()
             if self.usage is not None:
@@ -114,7 +117,8 @@ class EngineOutput:
         """This output's messages: one, or with a long prompt's logprobs their leading pieces first, each alone
         (splice/prompt_logprobs.py), so that none nears gRPC's message size limit."""
         return split_messages(self.prompt_logprobs, self.to_pb,
-                              lambda piece: engine_pb2.GenerateResponse(prompt_logprobs=piece.to_pb()))
+                              lambda piece: engine_pb2.GenerateResponse(prompt_logprobs=piece.to_pb(),
+                                                                       index=self.index))
 
     @classmethod
     def from_pb(cls, pb: engine_pb2.GenerateResponse) -> EngineOutput:
@@ -124,4 +128,4 @@ class EngineOutput:
         usage = Usage.from_pb(pb.usage) if finish is not None else None
         plp = PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None
         return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage, tuple(pb.top_token_ids),
-                   tuple(pb.top_logprobs), plp)
+                   tuple(pb.top_logprobs), plp, pb.index)

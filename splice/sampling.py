@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from splice.errors import InvalidArgument
 from splice.v1 import common_pb2
@@ -34,6 +34,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "allowed_token_ids": (0, INT32_MAX),  # int32 token IDs
     "prompt_logprobs": (0, 20),  # alternatives per prompt position (vLLM's default max_logprobs)
     "logprob_token_ids": (0, INT32_MAX),  # int32 token IDs
+    # choices per prompt: vLLM sets no upper bound (--max-num-seqs does, at run time); OpenAI's API takes 1..128
+    "n": (1, 128),
 }
 PENALTY_RANGE = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)
 LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range)
@@ -76,10 +78,14 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # the matched stop string ends the returned text
     # --- prompt logprobs and chosen logprobs (vLLM's) ---
     # [0, 20]: the logprob and rank of every prompt token and this many most likely tokens at each prompt position,
-    # computed in the request's own prefill (engine/prompt_logprobs.py); None = off
+    # computed in the request's own prefill (engine/prompt_logprobs.py), sent once (with choice 0's first token when
+    # n > 1); None = off
     prompt_logprobs: int | None = None
     # with logprobs: the logprobs of exactly these tokens at each step, instead of the top_logprobs most likely
     logprob_token_ids: tuple[int, ...] = ()
+    # choices from the one prompt, [1, 128]: prefilled once, then n sequences; with a seed, choice i samples with
+    # seed + i (vLLM's parallel sampling), so it equals a request of n = 1 with that seed (`choice`)
+    n: int = 1
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +101,10 @@ class SamplingParams:
             _check_range("max_tokens", self.max_tokens)
         if self.seed is not None:
             _check_range("seed", self.seed)
+        _check_range("n", self.n)
+        if self.seed is not None and self.seed + self.n - 1 > INT_RANGES["seed"][1]:
+            raise InvalidArgument(f"sampling.seed + n - 1 (the last choice's seed) must be <= {INT_RANGES['seed'][1]}, "
+                                  f"got seed {self.seed} and n {self.n}")
         for i, t in enumerate(self.stop_token_ids):
             _check_range("stop_token_ids", t, f"[{i}]")
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -166,6 +176,10 @@ class SamplingParams:
         run. The prefix cache (a later issue) checks this before it looks up a prefix."""
         return self.prompt_logprobs is not None
 
+    def choice(self, index: int) -> SamplingParams:
+        """Choice `index`'s own parameters: one sequence, sampling with seed + index when seeded (vLLM's rule)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
@@ -212,6 +226,7 @@ class SamplingParams:
             include_stop_str_in_output=pb.include_stop_str_in_output,
             prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
             logprob_token_ids=tuple(pb.logprob_token_ids),
+            n=pb.n if pb.HasField("n") else 1,
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -244,6 +259,8 @@ class SamplingParams:
             pb.max_tokens = self.max_tokens
         if self.repetition_penalty != 1.0:
             pb.repetition_penalty = self.repetition_penalty
+        if self.n != 1:
+            pb.n = self.n
         return pb
 
 

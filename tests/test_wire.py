@@ -161,3 +161,26 @@ def test_every_control_survives_the_wire_and_top_logprobs_merge_in_order():
 def test_controls_out_of_range_are_refused_by_name(field, value):
     with pytest.raises(InvalidArgument, match=field):
         SamplingParams(**{field: value, "logprobs": True})
+
+
+def test_n_travels_and_each_choice_samples_with_seed_plus_its_index():
+    params = SamplingParams(n=3, seed=40, temperature=0.5)
+    assert SamplingParams.from_pb(params.to_pb()) == params
+    assert not SamplingParams().to_pb().HasField("n") and SamplingParams.from_pb(common_pb2.SamplingParams()).n == 1
+    assert [params.choice(i).seed for i in range(3)] == [40, 41, 42]  # vLLM's parallel_sampling: seed + index
+    assert params.choice(2) == SamplingParams(seed=42, temperature=0.5)  # n = 1, the rest unchanged
+    assert SamplingParams(n=2).choice(1).seed is None
+    for n in (0, 129):
+        with pytest.raises(InvalidArgument, match=r"sampling\.n must be in \[1, 128\]"):
+            SamplingParams(n=n)
+    SamplingParams(n=128, seed=2**63 - 128)  # the last choice's seed is the largest one allowed
+    with pytest.raises(InvalidArgument, match=r"seed \+ n - 1"):
+        SamplingParams(n=128, seed=2**63 - 127)
+
+
+def test_outputs_of_different_choices_never_merge():
+    out = EngineOutput((4,), index=2, finish_reason=FinishReason.STOP, usage=Usage(3, 1))
+    assert EngineOutput.from_pb(out.to_pb()) == out
+    assert EngineOutput.merge([EngineOutput((3,), index=2), out]).index == 2
+    with pytest.raises(ValueError, match="one choice"):
+        EngineOutput.merge([EngineOutput((3,), index=1), out])

@@ -5,8 +5,9 @@ conv and SSM layers (`conv_states` / `recurrent_states`, one tensor per state in
 and placeholder layers holding nothing. Here its key/value layers are the batch's slot layers
 (engine/models/slot_cache.py); the states are kept in slot order beside them. A row's recurrent state summarizes
 its whole past, so there are no columns: a prefill runs on a fresh cache (new states, the shared slot layers),
-joining appends its state rows, and a leaving row's slot takes the last row's state (one row copied) before the
-state tensors are cut to the rows in use (a view). The model itself rewrites every state on every step.
+joining appends its state rows, a fork appends copies of one row's (the other choices of an n > 1 request), and a
+leaving row's slot takes the last row's state (one row copied) before the state tensors are cut to the rows in use (a
+view). The model itself rewrites every state on every step.
 
 The state is only right if left padding never entered it: those layers take the 2-D padding mask of the
 new positions (`recurrent_mask`), which zeroes padded inputs, not the 4-D attention mask.
@@ -69,6 +70,15 @@ class HybridCache:
                 for t in states.values():
                     if t is not None:
                         t[dst] = t[src]
+
+    def fork(self, cache: DynamicCache, src: int, copies: int) -> None:
+        """`copies` new rows after the rows in use, each holding row `src`'s states (an n > 1 request's other choices
+        start from its prompt's state; the slot layers copy their columns themselves, SlotKV.fork)."""
+        for layer in cache.layers:
+            for states in _state_dicts(layer):
+                for i, t in states.items():
+                    if t is not None:
+                        states[i] = torch.cat([t, t[src:src + 1].expand(copies, *t.shape[1:])])
 
     def truncate(self, cache: DynamicCache, rows: int) -> None:
         """Keeps the states of the first `rows` slots (a view; the rest is freed with the next join)."""

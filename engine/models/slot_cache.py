@@ -157,6 +157,14 @@ class SlotKV:
         self.copy_columns(src, dst, self.end[src])
         self.start[dst], self.end[dst] = self.start[src], self.end[src]
 
+    def fork(self, src: int) -> int:
+        """A new slot after the rows in use holding a copy of slot `src`'s row (its columns, in every layer): one of
+        the other choices of an n > 1 request, which continue from its prompt on their own. Returns the new slot."""
+        dst = self.rows
+        self.copy_columns(src, dst, self.end[src])
+        self.add_rows([self.start[src]], [self.end[src]])
+        return dst
+
     def copy_columns(self, src: int, dst: int, width: int) -> None:
         """Columns [0, width) of slot `src` into slot `dst`, in every layer (a row not in the table yet, too)."""
         for layer in self.layers.values():
@@ -271,6 +279,7 @@ class SlotLayer(DynamicLayer):
 
     def copy_row(self, src: int, dst: int, width: int) -> None:
         if self.k_buf is not None:
+            self._reserve(self.k_buf, dst + 1, width)  # (a fork's new slot may lie past buffers grown as needed)
             self.written = (max(self.written[0], dst + 1), max(self.written[1], width))
             self.k_buf[dst, :, :width] = self.k_buf[src, :, :width]
             self.v_buf[dst, :, :width] = self.v_buf[src, :, :width]
@@ -319,6 +328,9 @@ class SlotKVCache:
 
     def move(self, cache: Cache, src: int, dst: int) -> None:
         pass
+
+    def fork(self, cache: Cache, src: int, copies: int) -> None:
+        """Nothing beyond the SlotKV's own copies (SlotKV.fork)."""
 
     def truncate(self, cache: Cache, rows: int) -> None:
         pass

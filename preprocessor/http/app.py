@@ -14,9 +14,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from preprocessor.admission import Admission
+from preprocessor.admission import Admission, charge
 from preprocessor.content import Conversation, PromptPart, Text, TokenIds
-from preprocessor.core import PreprocessorCore
+from preprocessor.core import Prepared, PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
@@ -36,6 +36,7 @@ from preprocessor.http.streaming import ClientGone, stream_response, until_disco
 from preprocessor.request_bounds import check_counts_only
 from preprocessor.tools.choice import constrain, constraint_for
 from splice.errors import NotFound
+from splice.sampling import SamplingParams
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
 CLIENT_CLOSED = 499
@@ -68,6 +69,21 @@ def _echo_prompts(core: PreprocessorCore, body: CompletionRequest, prompts: list
         return [""] * len(prompts)
     return ["".join(p.text if isinstance(p, Text) else core.detokenize(p.ids, False) if isinstance(p, TokenIds)
                     else "" for p in prompt) for prompt in prompts]
+
+
+def _charge_whole_answer(core: PreprocessorCore, prepared: Prepared, shape: Shape, sampling: SamplingParams) -> None:
+    """A whole answer is held until it is sent: what its choices may hold (n x max_tokens per prompt, and the prompt
+    logprobs, shown on each completions choice) is charged to the request's admission before any is generated (a
+    streamed one holds only the chunk in flight)."""
+    tokens = core.answer_tokens(prepared)
+    alternatives = len(sampling.logprob_token_ids) or sampling.top_logprobs  # each token's, when it has logprobs
+    nbytes = tokens * shape.token_bytes(alternatives)
+    what = f"the whole answer ({prepared.choices} choice(s), up to {tokens} tokens together: n x max_tokens"
+    if sampling.prompt_logprobs is not None:
+        positions = sum(p.request.prompt_len for p in prepared.prompts)
+        nbytes += positions * shape.prompt_position_bytes(sampling.prompt_logprobs, alternatives)
+        what += f"; prompt logprobs of {positions} positions"
+    charge(nbytes, what + ")")
 
 
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
@@ -104,13 +120,15 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
         shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
-                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                           listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
                           echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
+        if not body.stream:
+            _charge_whole_answer(core, prepared, shape, sampling)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape)
+        return await whole_response(request, chunks, shape, prepared.choices)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -123,14 +141,16 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
         shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
-                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None,
+                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                       listed=bool(sampling.logprob_token_ids),
                       echo_prompts=_echo_prompts(core, body, prompts) if body.echo else None,
                       echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)
+        if not body.stream:
+            _charge_whole_answer(core, prepared, shape, sampling)
         chunks = core.generate(prepared)
         if body.stream:
             return await stream_response(request, chunks, shape)
-        return await whole_response(request, chunks, shape, len(prompts))
+        return await whole_response(request, chunks, shape, prepared.choices)
 
     @api.get("/v1/models")
     async def models() -> dict:

@@ -40,7 +40,7 @@ from preprocessor.template_args import template_arguments
 from preprocessor.tools.request import ToolRequest, ToolSettings, checked_tools, message_fields, tool_request
 from splice.errors import InvalidArgument
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
-from splice.sampling import SamplingParams
+from splice.sampling import INT_RANGES, SamplingParams
 
 # A prompt_embeds string with this prefix carries a safetensors file (base64) instead of vLLM's torch.save.
 SAFETENSORS_MARKER = "safetensors:"
@@ -165,6 +165,8 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 
 # Sampling and output controls of OpenAI and vLLM that Splice does not implement: field -> the values (besides
 # unset and null) that leave it off. Any other value is refused rather than the request served without it.
+# best_of: vLLM 0.33 has no such field (its V1 engine dropped it); best_of = n asks for n candidates and returns all
+# of them, which is what n does, so that value is served too (`_off`).
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
@@ -172,6 +174,10 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "guided_regex": (), "guided_choice": (), "guided_grammar": (),
     "functions": ([],), "function_call": ("none", "auto"),  # (OpenAI's deprecated form of tools: send tools)
 }
+
+
+def _off(name: str, body: GenerationFields) -> tuple[Any, ...]:
+    return (body.n,) if name == "best_of" else UNHONOURED[name]
 
 
 # Chat's tool fields, which /v1/completions has no place for (vLLM's CompletionRequest has none): refused there as
@@ -190,9 +196,10 @@ def _refuse(extra: dict[str, Any], fields: dict[str, tuple[Any, ...]], where: st
 def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int,
             **controls: Any) -> SamplingParams:
     """`controls`: SamplingParams fields each endpoint works out itself (prompt_logprobs, logprob_token_ids)."""
-    if body.n != 1:
-        raise InvalidArgument(f"n must be 1 (one choice per request), got {body.n}")
-    _refuse(body.model_extra or {}, UNHONOURED)
+    low, high = INT_RANGES["n"]
+    if not low <= body.n <= high:
+        raise InvalidArgument(f"n must be in [{low}, {high}] (OpenAI's range), got {body.n}")
+    _refuse(body.model_extra or {}, {name: _off(name, body) for name in UNHONOURED})
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -215,6 +222,7 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         allowed_token_ids=tuple(body.allowed_token_ids or ()),
         bad_words=tuple(body.bad_words or ()),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        n=body.n,
         **controls,
     )
 

@@ -8,8 +8,8 @@ same chunks, so their usage is the same numbers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from preprocessor.http.logprobs import clamp, completion_logprobs, output_steps, prompt_logprobs_json, prompt_steps
 from preprocessor.outputs import GenerationChunk
@@ -29,12 +29,14 @@ def usage_json(usage: Usage | None) -> dict | None:
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
 
 
-def total_usage(usages: Sequence[Usage | None]) -> Usage | None:
-    """A request's usage: the sum over its choices, as vLLM reports a batch (None when no choice reported one)."""
-    known = [u for u in usages if u is not None]
+def total_usage(usages: Mapping[int, Usage | None], n: int = 1) -> Usage | None:
+    """A request's usage from its choices' (by choice index, `n` per prompt), as vLLM reports it: each prompt's tokens
+    once (its first choice's count), every choice's completion tokens (None when no choice reported one)."""
+    known = {i: u for i, u in usages.items() if u is not None}
     if not known:
         return None
-    return Usage(sum(u.prompt_tokens for u in known), sum(u.completion_tokens for u in known))
+    return Usage(sum(u.prompt_tokens for i, u in known.items() if i % n == 0),
+                 sum(u.completion_tokens for u in known.values()))
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Collected:
 
 @dataclass
 class Shape:
-    """A request's choices are numbered in prompt order (index i: the request's i-th prompt), as vLLM's."""
+    """A request's choices are numbered as vLLM's: prompt p's choice j (of n) is index p x n + j."""
 
     request_id: str
     model: str
@@ -77,23 +79,55 @@ class Shape:
     created: int = field(default_factory=lambda: int(time.time()))
     # return_token_ids: each choice's prompt IDs as the engine got them (then each chunk carries its token IDs)
     prompt_ids: Sequence[Sequence[int]] | None = None
+    n: int = 1  # choices per prompt
     # logprob_token_ids: each token's alternatives are those tokens (all shown), not the most likely
     listed: bool = False
-    # completions `echo`: each choice's prompt text, which its text starts with (and its tokens' logprobs, from the
-    # prompt logprobs, start its logprobs); None = no echo. `echo_only`: max_tokens 0, the prompt alone
+    # completions `echo`: each prompt's text, which each of its choices' text starts with (and its tokens' logprobs,
+    # from the prompt logprobs, start its logprobs); None = no echo. `echo_only`: max_tokens 0, the prompt alone
     echo_prompts: Sequence[str] | None = None
     echo_only: bool = False
     shown: int = 1  # completions: entries of each position's top_logprobs, vLLM's `logprobs` + 1
     _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
     _sent: dict[int, int] = field(default_factory=dict)  # choice -> characters of text streamed (text_offset)
+    # prompt -> its prompt logprobs: they come on its choice 0 alone (once per prompt from the engine), and each of
+    # its choices shows them (completions, vLLM's) or starts its echo with them
+    _prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
+    _prompt_logprobs_json: dict[int, list | None] = field(default_factory=dict)  # prompt -> built once for its choices
 
     id_prefix = "cmpl-"
     object_name = "text_completion"
     chunk_object = "text_completion"
+    # What a whole (non-streamed) answer holds per generated token until it is sent: its collected chunks, the
+    # response's dict and its JSON, at their peak (measured with tracemalloc: ~80 B of text and ID; logprobs ~800 B
+    # more, ~125 B per top_logprobs alternative here, ~550 B in chat's shape, whose entries spell out their bytes).
+    TOKEN_BYTES = 128
+    LOGPROB_BYTES = 1024
+    ALTERNATIVE_BYTES = 160
+    # ... and per prompt position with prompt_logprobs = k (measured the same way on completions' JSON): vLLM's
+    # prompt_logprobs list, built once per prompt (~560 B + ~330 B per alternative), and each copy of it in the JSON
+    # (~220 B + ~210 B per alternative at the peak of rendering it), one per choice that shows it
+    PROMPT_POSITION_BYTES = 640
+    PROMPT_ALTERNATIVE_BYTES = 352
+    PROMPT_COPY_BYTES = 256
+    PROMPT_COPY_ALTERNATIVE_BYTES = 224
 
     @property
     def id(self) -> str:
         return self.id_prefix + self.request_id
+
+    def token_bytes(self, top_logprobs: int) -> int:
+        """Bytes a whole answer holds per generated token (the admission charge of one that is not streamed)."""
+        return self.TOKEN_BYTES + (self.LOGPROB_BYTES + top_logprobs * self.ALTERNATIVE_BYTES if self.logprobs else 0)
+
+    def prompt_position_bytes(self, k: int, alternatives: int) -> int:
+        """Bytes a whole answer holds per prompt position with prompt_logprobs = k: the list, a copy per choice of
+        the prompt (vLLM's completions show it on each), and with echo each choice's logprobs of the echoed prompt
+        tokens (`alternatives` each)."""
+        held = self.PROMPT_POSITION_BYTES + k * self.PROMPT_ALTERNATIVE_BYTES
+        held += self.n * (self.PROMPT_COPY_BYTES + k * self.PROMPT_COPY_ALTERNATIVE_BYTES)
+        if self.echo_prompts is not None and self.logprobs:
+            held += self.n * self.token_bytes(alternatives)
+        return held
 
     @property
     def return_token_ids(self) -> bool:
@@ -102,25 +136,40 @@ class Shape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
+    def _note(self, index: int, chunk: GenerationChunk) -> GenerationChunk:
+        """`chunk` of choice `index` with its prompt's logprobs, wherever among the prompt's choices they came."""
+        prompt = index // self.n
+        if chunk.prompt_logprobs is not None:
+            self._prompt_logprobs[prompt] = chunk.prompt_logprobs
+            return chunk
+        known = self._prompt_logprobs.get(prompt)
+        return chunk if known is None else replace(chunk, prompt_logprobs=known)
+
     def response(self, collected: Sequence[Collected]) -> dict:
+        for i, c in enumerate(collected):
+            if c.prompt_logprobs is not None:
+                self._prompt_logprobs[i // self.n] = c.prompt_logprobs
         choices = []
         for i, c in enumerate(collected):
             last = c.last
-            choice = self._whole_choice(i, c.joined())
+            choice = self._whole_choice(i, self._note(i, c.joined()))
             choice.update(finish_reason=self._finish_reason(i, last),
                           stop_reason=(last.stop_reason or None) if last else None)
             choices.append(choice)
         body = self._envelope(self.object_name, choices)
-        body["usage"] = usage_json(total_usage([c.last.usage if c.last else None for c in collected]))
+        body["usage"] = usage_json(total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)},
+                                               self.n))
         return body
 
     def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
         """The SSE chunk for one GenerationChunk of choice `index`; None when it carries nothing to send."""
         echoing = self.echo_prompts is not None and index not in self._opened
+        if chunk.prompt_logprobs is not None:  # (choice 0's first chunk: before its prompt's other choices' first)
+            self._prompt_logprobs[index // self.n] = chunk.prompt_logprobs
         if not self._carries_text(index, chunk) and not chunk.final and not (self.logprobs and chunk.logprobs) and \
                 not (self.return_token_ids and chunk.token_ids) and not echoing:
             return None
-        choice = self._delta_choice(index, chunk)
+        choice = self._delta_choice(index, self._note(index, chunk) if echoing else chunk)
         choice.update(finish_reason=self._finish_reason(index, chunk),
                       stop_reason=(chunk.stop_reason or None) if chunk.final else None)
         if self.return_token_ids:
@@ -142,7 +191,7 @@ class Shape:
     def _stream_extras(self, body: dict, index: int, first: bool) -> None:
         """vLLM's completions put a choice's prompt_token_ids on its first chunk."""
         if first and self.prompt_ids is not None:
-            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index])
+            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index // self.n])
 
     def first_chunks(self) -> list[dict]:
         return []
@@ -163,7 +212,7 @@ class Shape:
     def _text(self, index: int, piece: GenerationChunk, echo: bool) -> str:
         if not echo:
             return piece.text
-        prompt = self.echo_prompts[index]
+        prompt = self.echo_prompts[index // self.n]
         return prompt if self.echo_only else prompt + piece.text
 
     def _logprobs(self, piece: GenerationChunk, echo: bool = False, offset: int = 0) -> dict | None:
@@ -176,12 +225,19 @@ class Shape:
             steps += output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
         return completion_logprobs(steps, self.token_texts, None if self.listed else self.shown, offset)
 
+    def _prompt_json(self, index: int, plp: PromptLogprobs | None) -> list | None:
+        """vLLM's prompt_logprobs of choice `index`'s prompt, made once and shown on each of its choices."""
+        prompt = index // self.n
+        if prompt not in self._prompt_logprobs_json:
+            self._prompt_logprobs_json[prompt] = prompt_logprobs_json(plp, self.token_texts)
+        return self._prompt_logprobs_json[prompt]
+
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
         echo = self.echo_prompts is not None
         choice = {"index": index, "text": self._text(index, whole, echo), "logprobs": self._logprobs(whole, echo),
-                  "prompt_logprobs": prompt_logprobs_json(whole.prompt_logprobs, self.token_texts)}
+                  "prompt_logprobs": self._prompt_json(index, whole.prompt_logprobs)}
         if self.prompt_ids is not None:
-            choice.update(prompt_token_ids=list(self.prompt_ids[index]), token_ids=list(whole.token_ids))
+            choice.update(prompt_token_ids=list(self.prompt_ids[index // self.n]), token_ids=list(whole.token_ids))
         return choice
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
@@ -207,27 +263,35 @@ class ChatShape(Shape):
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
+    ALTERNATIVE_BYTES = 640
 
     def response(self, collected: Sequence[Collected]) -> dict:
         body = super().response(collected)
         # vLLM's: on the response, not the choice (null when not asked)
-        body["prompt_logprobs"] = prompt_logprobs_json(collected[0].prompt_logprobs if collected else None,
-                                                       self.token_texts)
+        body["prompt_logprobs"] = prompt_logprobs_json(self._prompt_logprobs.get(0), self.token_texts)
         if self.prompt_ids is not None:
             body["prompt_token_ids"] = list(self.prompt_ids[0])
         return body
 
+    def prompt_position_bytes(self, k: int, alternatives: int) -> int:
+        """Chat shows the prompt logprobs once, on the response."""
+        return self.PROMPT_POSITION_BYTES + k * self.PROMPT_ALTERNATIVE_BYTES + \
+            self.PROMPT_COPY_BYTES + k * self.PROMPT_COPY_ALTERNATIVE_BYTES
+
     def first_chunks(self) -> list[dict]:
-        """OpenAI opens every chat stream with the role (vLLM: with prompt_token_ids when asked); then the echoed
-        text."""
-        body = self._envelope(self.chunk_object, [{"index": 0, "delta": {"role": self.role, "content": ""},
-                                                   "logprobs": None, "finish_reason": None}])
-        if self.prompt_ids is not None:
-            body["prompt_token_ids"] = list(self.prompt_ids[0])
-        out = [body]
+        """OpenAI opens every chat stream with the role, one chunk per choice (vLLM: with prompt_token_ids when
+        asked); then the echoed text, one chunk per choice."""
+        out = []
+        for i in range(self.n):
+            body = self._envelope(self.chunk_object, [{"index": i, "delta": {"role": self.role, "content": ""},
+                                                       "logprobs": None, "finish_reason": None}])
+            if self.prompt_ids is not None:
+                body["prompt_token_ids"] = list(self.prompt_ids[0])
+            out.append(body)
         if self.echo:
-            out.append(self._envelope(self.chunk_object, [{"index": 0, "delta": {"content": self.echo},
-                                                           "logprobs": None, "finish_reason": None}]))
+            out += [self._envelope(self.chunk_object, [{"index": i, "delta": {"content": self.echo},
+                                                        "logprobs": None, "finish_reason": None}])
+                    for i in range(self.n)]
         if self.include_usage:
             for b in out:
                 b["usage"] = None

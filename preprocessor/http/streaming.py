@@ -108,7 +108,7 @@ async def _events(first: tuple[int, GenerationChunk], chunks: Indexed, shape: Sh
                 yield _event(body)
             item = await anext(chunks, None)
         if shape.include_usage:
-            yield _event(shape.usage_chunk(total_usage(list(usages.values()))))
+            yield _event(shape.usage_chunk(total_usage(usages, shape.n)))
     except SpliceError as exc:
         yield _event(splice_error_body(exc)[1])
     finally:

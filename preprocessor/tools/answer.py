@@ -120,12 +120,13 @@ async def tool_chunks(chunks: AsyncIterator[GenerationChunk], request: ToolReque
                       parser: ToolParser | None) -> AsyncIterator[GenerationChunk]:
     """The gRPC face's Chat stream under a tool request: each chunk's text as ToolAnswer.delta says (content held
     while it may be a call), the calls on the final chunk with its finish reason. Without tools: as they come."""
-    answer = ToolAnswer(request, parser) if request is not None else None
+    answers: dict[int, ToolAnswer] = {}  # by choice (SamplingParams.n): their chunks interleave
     async with contextlib.aclosing(chunks):  # closed with this one: a cancel reaches the engine call
         async for chunk in chunks:
-            if answer is None:
+            if request is None:
                 yield chunk
                 continue
+            answer = answers.setdefault(chunk.index, ToolAnswer(request, parser))
             reason = chunk.finish_reason.value if chunk.finish_reason is not None else None
             delta, reason = answer.delta(chunk.text, chunk.final, reason)
             yield dataclasses.replace(chunk, text=delta.get("content", ""),

@@ -159,3 +159,44 @@ def test_a_packed_mixed_step_admits_by_the_prompts_own_lengths():
     s2.add(b := seq(5))
     s2.add(c := seq(3, "c"))
     assert s2.schedule().prefill == [b, c]  # nothing running: a prefill forward, padded 2 x 5 within 100
+
+
+def _with_choices(parent: Sequence, n: int) -> Sequence:
+    parent.forks = [Sequence(parent.request_id, parent.prompt_len, parent.sampling, parent.max_model_len, index=i)
+                    for i in range(1, n)]
+    return parent
+
+
+def test_a_request_of_n_choices_is_admitted_only_where_all_n_fit_and_its_slots_stay_reserved():
+    s = Scheduler(max_running_seqs=4, max_batch_tokens=100, max_queue=10)
+    a = _with_choices(seq(4, "a"), 3)
+    b = _with_choices(seq(4, "b"), 2)
+    s.add(a)
+    s.add(b)
+    assert s.schedule().prefill == [a]  # b's two choices do not fit beside a's three
+    assert s.reserved == 2 and s.used == 3
+    children = s.fork(a)  # a's prompt is in: its other choices run beside it, in the reserved slots
+    assert [c.index for c in children] == [1, 2] and all(c.status is SeqStatus.RUNNING for c in children)
+    assert s.running == [a, *children] and s.reserved == 0 and not a.forks
+    assert s.schedule().decode == [a, *children] and b.status is SeqStatus.WAITING
+    s.finish(children[0], FinishReason.STOP)
+    s.finish(a, FinishReason.STOP)
+    assert s.schedule().prefill == [b] and s.used == 3  # two slots freed: b and its reserved choice
+
+
+def test_a_request_that_ends_before_its_choices_start_frees_their_slots():
+    s = Scheduler(max_running_seqs=3, max_batch_tokens=100, max_queue=10)
+    a = _with_choices(seq(4, "a"), 3)
+    s.add(a)
+    s.schedule()
+    assert s.used == 3
+    a.abort_requested = True
+    assert s.drain_aborts() == [a]
+    assert s.used == 0 and not a.forks and not s.running
+
+
+def test_n_beyond_the_running_slots_is_refused_naming_n():
+    s = Scheduler(max_running_seqs=4, max_batch_tokens=100, max_queue=10)
+    with pytest.raises(InvalidArgument, match=r"n is 5.*--max-running-seqs"):
+        s.add(_with_choices(seq(4), 5))
+    assert not s.waiting

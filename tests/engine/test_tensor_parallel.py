@@ -109,3 +109,41 @@ def test_a_model_without_a_plan_is_refused_before_any_rank_starts(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "no tensor-parallel plan" in done.stderr and "--tensor-parallel-size 1" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_tp2_forks_the_choices_of_an_n_request_as_tp1(tiny_dirs):
+    """n > 1: the prompt's row is copied into the other choices on every rank (ModelRunner.fork runs in lockstep)."""
+    req = text_request(random_ids(12, seed=3), "n", max_tokens=8, logprobs=True, n=3, temperature=1.0, seed=7)
+
+    async def by_choice(outputs) -> dict[int, tuple[list[int], list[float]]]:
+        got: dict[int, tuple[list[int], list[float]]] = {}
+        async for out in outputs:
+            toks, lps = got.setdefault(out.index, ([], []))
+            toks += out.token_ids
+            lps += out.logprobs
+        return got
+
+    async def solo() -> dict:
+        engine = start_engine(tiny_dirs["tiny-text"])
+        try:
+            return await by_choice(engine.generate(req))
+        finally:
+            engine.stop()
+
+    async def tp(address: str) -> dict:
+        client = EngineClient(address)
+        try:
+            return await by_choice(client.generate(req))
+        finally:
+            await client.close()
+
+    expected = asyncio.run(solo())
+    engine = _tp_engine("tiny-text", 2)
+    try:
+        got = asyncio.run(tp(engine.address))
+    finally:
+        assert engine.stop() == 0
+    assert sorted(got) == [0, 1, 2] and {i: t for i, (t, _) in got.items()} == {i: t for i, (t, _) in expected.items()}
+    assert all(len(t) == 8 for t, _ in got.values())
+    for i, (_, lps) in got.items():
+        assert (torch.tensor(lps) - torch.tensor(expected[i][1])).abs().max().item() < 1e-4

@@ -59,6 +59,12 @@ def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
                                      "--min-p", "0.1", "--bad-words", "the", "--logit-bias", "5=-3"],
                                     capture_output=True, text=True, timeout=120)
         assert controlled.returncode == 0 and "completion_tokens=4" in controlled.stderr, controlled.stderr
+        choices = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
+                                  "--max-tokens", "3", "--ignore-eos", "--temperature", "1", "--seed", "5", "--n", "2"],
+                                 capture_output=True, text=True, timeout=120)
+        assert choices.returncode == 0, choices.stderr
+        assert "--- choice 0\n" in choices.stdout and "--- choice 1\n" in choices.stdout, choices.stdout
+        assert "finish_reason=length,length" in choices.stderr and "completion_tokens=6" in choices.stderr
         out_of_range = subprocess.run([sys.executable, "-m", "app.cli", "chat", "Hi", "--target", f"127.0.0.1:{port}",
                                        "--presence-penalty", "3"], capture_output=True, text=True, timeout=120)
         assert out_of_range.returncode == 1 and "presence_penalty" in out_of_range.stderr, out_of_range.stderr

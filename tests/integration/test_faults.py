@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from bench import faults
+from tests.harness import faults
 
 
 @pytest.fixture(scope="module")

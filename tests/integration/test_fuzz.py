@@ -3,7 +3,7 @@ against its HTTP face."""
 
 from __future__ import annotations
 
-from bench.fuzz import Fuzzer
+from tests.harness.fuzz_grpc import Fuzzer
 from tests.integration.conftest import API_KEY
 
 
@@ -17,8 +17,8 @@ def test_every_public_rpc_answers_a_defined_status(stack):
 
 
 def test_the_http_face_never_answers_5xx(http_stack):
-    """bench/fuzz_http.py for at most ~30 s: issue 27's findings, then hostile JSON bodies on every route."""
-    from bench.fuzz_http import HttpFuzzer
+    """tests/harness/fuzz_http.py for at most ~30 s: its seeds, then hostile JSON bodies on every route."""
+    from tests.harness.fuzz_http import HttpFuzzer
 
     _, pre = http_stack
     fuzzer = HttpFuzzer(f"http://{pre.http_address}", API_KEY)

@@ -152,8 +152,8 @@ def test_completions_text_ids_and_prompt_embeds(client, soft_prompt, http_stack)
 
 def test_unsupported_values_and_unknown_model_are_clear(client):
     msgs = [{"role": "user", "content": "Hi"}]
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model=MODEL, messages=msgs, n=2, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be in \[1, 128\]"):  # (n > 1: test_http_n.py)
+        client.chat.completions.create(model=MODEL, messages=msgs, n=129, max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
         client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2,
                                        extra_body={"use_beam_search": True})

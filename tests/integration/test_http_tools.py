@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from app.launch import start_stack
+from splice.sampling import SamplingParams
 
 MODEL = "tiny-text"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -68,6 +69,20 @@ def test_an_answer_is_parsed_the_same_streamed_or_not(client, seed):
         assert whole.message.content == raw and not whole.message.tool_calls
 
 
+def test_n_choices_are_parsed_each_the_same_streamed_or_not(client):
+    args = {"model": MODEL, "messages": ASK, "tools": [WEATHER], "max_tokens": 16, "temperature": 1.0, "seed": 7,
+            "n": 2}
+    whole = client.chat.completions.create(**args).choices
+    content: dict[int, str] = {0: "", 1: ""}
+    reasons: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for choice in chunk.choices:
+            content[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons.get(choice.index)
+    assert [content[c.index] for c in whole] == [c.message.content or "" for c in whole]
+    assert [reasons[c.index] for c in whole] == [c.finish_reason for c in whole]
+
+
 def test_refusals_before_engine_time(client):
     with pytest.raises(openai.BadRequestError, match="'nope'"):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
@@ -76,3 +91,33 @@ def test_refusals_before_engine_time(client):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="sometimes")
     # the service keeps serving
     assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2).choices[0].finish_reason
+
+
+# tool_choice "required" and a named function are constrained by the call's JSON schema (preprocessor/tools/choice.py)
+# through SamplingParams.structured, which the structured-outputs half of issue 25 adds: these run once it has.
+CONSTRAINED = pytest.mark.skipif("structured" not in SamplingParams.__dataclass_fields__,
+                                 reason="needs SamplingParams.structured (structured outputs)")
+BOUNDED = {"type": "function", "function": {"name": "set_alarm", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["hour", "label", "loud", "day"],
+    "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                   "label": {"type": "string", "maxLength": 8}, "loud": {"type": "boolean"},
+                   "day": {"enum": ["mon", "tue", "wed"]}}}}}
+
+
+@CONSTRAINED
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "set_alarm"}}])
+def test_constrained_choices_give_valid_calls_even_at_random(client, seed, choice):
+    import jsonschema
+
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, BOUNDED], tool_choice=choice,
+                                           temperature=1.0, seed=seed, max_tokens=200)
+    answer = reply.choices[0]
+    assert answer.finish_reason == ("tool_calls" if choice == "required" else "stop")  # vLLM's (named: "stop")
+    assert answer.message.tool_calls
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, BOUNDED)}
+    for call in answer.message.tool_calls:
+        assert call.id.startswith("chatcmpl-tool-")
+        jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+        if choice != "required":
+            assert call.function.name == "set_alarm"

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from app.launch import start_stack
-from bench.fuzz_decoders import deflated_torch_save, png_header_only
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
+from tests.harness.hostile_files import deflated_torch_save, png_header_only
 from tests.integration.conftest import MODEL
 
 pb = preprocessor_pb2

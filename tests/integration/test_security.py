@@ -15,10 +15,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.launch import start
-from bench.up import Up, listening_hosts
 from clients import ClientTLS, SpliceClient, SpliceClientError
 from splice.v1 import common_pb2, engine_pb2_grpc
 from tests.certs import Authority
+from tests.harness.up import Up, listening_hosts
 from tests.integration.conftest import MODEL
 
 PUBLIC_KEY, ENGINE_KEY = "public-key", "engine-key"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.soak import soak
+from tests.harness.soak import soak
 
 
 def test_soak_short(stack):

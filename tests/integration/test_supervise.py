@@ -11,8 +11,8 @@ import time
 import grpc
 import pytest
 
-from bench.up import Up
 from clients import SpliceClient, SpliceClientError
+from tests.harness.up import Up
 from tests.integration.test_cli import _free_port
 
 

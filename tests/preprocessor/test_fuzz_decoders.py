@@ -1,9 +1,9 @@
 """The short CI version of bench/fuzz_decoders.py: hypothesis inputs for the torch.save, safetensors, raw tensor and
-image decoders, seeded with issue 27's hostile files; each must decode or be refused cleanly (a client status)."""
+image decoders, seeded with crafted hostile files; each must decode or be refused cleanly (a client status)."""
 
 from __future__ import annotations
 
-from bench.fuzz_decoders import DecoderFuzzer
+from tests.harness.fuzz_decoders import DecoderFuzzer
 
 
 def test_every_decoder_answers_success_or_a_clean_refusal():

@@ -170,7 +170,7 @@ async def test_meta_and_nested_tensors_are_refused(faces, tiny):
 
 
 async def test_a_compressed_storage_is_refused_before_it_is_inflated(faces):
-    from bench.fuzz_decoders import deflated_torch_save
+    from tests.harness.hostile_files import deflated_torch_save
 
     # Row 2 of issue 27: 1.4 MB of base64 declaring a 1 GiB storage under a [4, 64] view (tiny-idefics3's hidden).
     b64 = base64.b64encode(deflated_torch_save((4, 64))).decode()
@@ -182,7 +182,7 @@ def png_url(blob: bytes) -> dict:
 
 
 async def test_images_too_long_or_too_thin_are_refused_from_the_header(faces):
-    from bench.fuzz_decoders import png_header_only
+    from tests.harness.hostile_files import png_header_only
 
     # Row 5 of issue 27: 16,000,000 x 1 (2 KB; within --max-image-pixels) took seconds of CPU to decode.
     long = png_header_only(16_000_000, 1)
@@ -212,7 +212,7 @@ async def http_images(faces: Faces, blobs: list[bytes]) -> httpx.Response:
 
 
 async def test_a_requests_pixels_are_capped_together_and_held_in_admission(faces):
-    from bench.fuzz_decoders import png_header_only
+    from tests.harness.hostile_files import png_header_only
 
     # Row 5 of issue 27: 16 images of 4096 x 4096 (a few KB each) were accepted, seconds of CPU each.
     big = png_header_only(4096, 4096)

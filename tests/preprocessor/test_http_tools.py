@@ -149,3 +149,27 @@ async def test_request_templates_are_checked_for_tools_too(tiny_dirs, tiny):
                                                   extra_body={"chat_template": templates.HERMES_CHATML})
         assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
         assert len(face.engine.requests) == 1  # the refused one never reached the engine
+
+
+async def test_grpc_stream_of_n_choices_keeps_each_choices_calls():
+    """The gRPC face's chunks of n choices interleave: each choice's text is held and parsed on its own."""
+    from preprocessor.outputs import GenerationChunk
+    from preprocessor.tools.answer import tool_chunks
+    from preprocessor.tools.parsers import get_parser
+    from preprocessor.tools.request import ToolRequest
+    from splice.engine_output import FinishReason
+
+    async def engine():
+        for piece in ('<tool_call>{"name": "get_weather", ', '"arguments": {"city": "Paris"}}</tool_call>'):
+            yield GenerationChunk(piece, (1,), index=0)
+            yield GenerationChunk("Plain " if piece.startswith("<") else "words", (1,), index=1)
+        yield GenerationChunk("", (), finish_reason=FinishReason.STOP, index=1)
+        yield GenerationChunk("", (), finish_reason=FinishReason.STOP, index=0)
+
+    request = ToolRequest((WEATHER,), "auto")
+    out = [c async for c in tool_chunks(engine(), request, get_parser("hermes"))]
+    assert "".join(c.text for c in out if c.index == 0) == ""
+    assert "".join(c.text for c in out if c.index == 1) == "Plain words"
+    [call] = [p for c in out if c.index == 0 for p in c.tool_calls]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert [(c.index, c.finish_reason) for c in out if c.final] == [(1, "stop"), (0, "tool_calls")]

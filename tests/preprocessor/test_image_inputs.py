@@ -195,7 +195,7 @@ def no_decoding(monkeypatch):
 
 
 def test_side_and_aspect_ratio_checked_from_the_header(no_decoding):
-    from bench.fuzz_decoders import png_header_only
+    from tests.harness.hostile_files import png_header_only
 
     msg = _reject(Image("data", png_header_only(16_000_000, 1), WHERE), Limits())
     assert "16000000x1" in msg and "at most 8192 pixels (--max-image-side)" in msg
@@ -207,7 +207,7 @@ def test_side_and_aspect_ratio_checked_from_the_header(no_decoding):
 
 
 def test_a_requests_pixels_are_checked_together_before_decoding(tiny, no_decoding):
-    from bench.fuzz_decoders import png_header_only
+    from tests.harness.hostile_files import png_header_only
 
     files, info = tiny["tiny-llava"]
     core = PreprocessorCore(files, info, limits=Limits(max_request_image_pixels=3 * 100 * 100))
@@ -221,9 +221,9 @@ def test_a_requests_pixels_are_checked_together_before_decoding(tiny, no_decodin
 
 
 def test_decoding_is_charged_to_the_requests_admission(tiny):
-    from bench.fuzz_decoders import png_header_only
     from preprocessor.admission import Admission
     from preprocessor.images import DECODED_BYTES_PER_PIXEL
+    from tests.harness.hostile_files import png_header_only
 
     files, info = tiny["tiny-llava"]
     core = PreprocessorCore(files, info)

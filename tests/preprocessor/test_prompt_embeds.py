@@ -209,7 +209,7 @@ def _rezip(blob: bytes, **changes) -> bytes:
 
 
 def test_torch_base64_compressed_storage_rejected_before_inflating(info):
-    from bench.fuzz_decoders import deflated_torch_save
+    from tests.harness.hostile_files import deflated_torch_save
 
     # Row 2 of issue 27: 1.4 MB of base64 whose storage inflates to 1 GiB under a [4, 64] view.
     err = _reject(Embeds("torch_base64", base64.b64encode(deflated_torch_save((4, 64))).decode(), WHERE), info)

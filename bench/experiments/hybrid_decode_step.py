@@ -1,25 +1,25 @@
-"""Step time of a 16-row decode batch: the hybrid tiny models against the attention-only tiny-text, one run.
+"""Step time of a 16-row decode batch: the hybrid tiny models (recurrent layers beside attention) against the
+attention-only tiny-text, one run: what a hybrid family's recurrent state costs per layer.
 
-    python -m bench.hybrid_decode_step [--rows 16] [--steps 20] [--repeats 5]
+    python -m bench.experiments.hybrid_decode_step [--rows 16] [--steps 20] [--repeats 5] [--quick]
 
-Each repeat, for each model in turn (interleaved, so drift hits all alike): a fresh runner prefills `rows`
-prompts of different lengths (left-padded together), then `steps` greedy decode steps are timed one by one;
+Each repeat, for each model in turn (bench.common.in_turns, so drift hits all alike): a fresh runner prefills `rows`
+prompts of 16-64 ordinary token IDs (left-padded together), then `steps` greedy decode steps are timed one by one;
 the repeat's figure is the median step, the model's figure the median over repeats. The ratio is against
 tiny-text; the per-layer ratio divides out the depth (tiny-text has 2 layers, the hybrids 4).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
 from app.models import resolve_model
+from bench.common import bench_parser, in_turns, median_call, prompts
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner
@@ -28,44 +28,31 @@ from splice.engine_request import EngineRequest
 MODELS = ("tiny-text", "tiny-qwen3.5", "tiny-lfm2-vl")
 
 
-def prompts(family, rows: int, seed: int = 0) -> list:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k in range(rows):
-        n = int(torch.randint(16, 65, (1,), generator=g))
-        ids = torch.randint(40, 600, (n,), generator=g).tolist()  # ordinary text tokens, no specials
-        out.append(family.prompt(EngineRequest(f"p{k}", ids)))
-    return out
-
-
-def step_times(family, batch: list, steps: int) -> float:
+def step_times(family, rows: int, steps: int) -> float:
     """Median seconds of one decode step over `rows` rows, after a fresh prefill."""
+    batch = [family.prompt(EngineRequest(f"p{k}", ids)) for k, ids in enumerate(prompts(rows))]
     runner = ModelRunner(family)
     tokens = runner.prefill(list(range(len(batch))), batch).argmax(-1).tolist()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
+
+    def step() -> None:
+        nonlocal tokens
         tokens = runner.decode(tokens).argmax(-1).tolist()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return median_call(step, steps)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = bench_parser(__doc__, quick={"rows": 2, "steps": 2, "repeats": 1}, model=None, repeats=5, rows=16,
+                        steps=20).parse_args()
     torch.set_num_threads(1)
     families = {m: load(EngineConfig(model=str(resolve_model(m)))).family for m in MODELS}
-    batches = {m: prompts(f, args.rows) for m, f in families.items()}
-    for m, f in families.items():  # warm-up: allocations and first-call paths
-        step_times(f, batches[m], 3)
-    seen: dict[str, list[float]] = {m: [] for m in MODELS}
+
+    def sides(steps: int) -> dict:
+        return {m: lambda f=f: step_times(f, args.rows, steps) for m, f in families.items()}
+
     with torch.inference_mode():
-        for _ in range(args.repeats):
-            for m, f in families.items():
-                seen[m].append(step_times(f, batches[m], args.steps))
+        in_turns(sides(3), 1)  # warm-up: allocations and first-call paths
+        seen = in_turns(sides(args.steps), args.repeats)
     base = statistics.median(seen["tiny-text"])
     base_layers = families["tiny-text"].text_config.num_hidden_layers
     print(f"decode step, {args.rows} rows, median of {args.repeats} repeats x {args.steps} steps, "

@@ -1,6 +1,7 @@
 """`splice up` as a child process, the way its users run it: its output read as it comes, the addresses from its
-ready line, its services' pids (to kill, freeze or measure them), Ctrl-C to stop it. Used by bench/faults.py,
-bench/soak.py and the integration tests of supervision and security."""
+ready line, its services' pids (to kill, freeze or measure them), Ctrl-C to stop it; and what /proc says of a
+process (its RSS) and of a port (who listens on it, on which addresses). Used by faults.py, soak.py, bench/soak.py
+and the integration tests of supervision and security."""
 
 from __future__ import annotations
 

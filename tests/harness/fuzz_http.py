@@ -1,6 +1,6 @@
 """Property-based fuzzing (hypothesis) of the preprocessor's HTTP face: JSON bodies for chat, completions, Tokenize
 and Detokenize with hostile values (integers past any range, lone surrogates, wrong types, deep nesting, huge
-strings, NaN), byte mutations of them and raw bytes, after seeds taken from issue 27's findings. No answer may be a
+strings, NaN), byte mutations of them and raw bytes, after SEEDS: requests that once broke the face. No answer may be a
 5xx (or no answer): every hostile input is the caller's fault, a 4xx naming it. The face must serve a normal
 request after each batch. bench/fuzz.py runs it (--face http); tests/integration/test_fuzz.py runs a short one.
 """
@@ -16,8 +16,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.fuzz import mutate
 from preprocessor.http.convert import UNHONOURED
+from tests.harness.fuzz_grpc import mutate
 
 HI = [{"role": "user", "content": "Hi"}]
 HUGE_INTS = [2**31 + 5, 2**32 + 1, 2**40, 2**63, 2**64, -(2**63) - 1, 10**30, -1, 0]
@@ -80,7 +80,8 @@ def _long(n: int) -> str:
     return "hello " * (n // 6)
 
 
-# Issue 27's findings, each once per run, before the generated examples.
+# Requests that once got a 5xx or no answer (huge integers, lone surrogates, huge and deeply nested bodies),
+# each once per run, before the generated examples.
 SEEDS: list[tuple[str, object]] = [
     ("/v1/chat/completions", {"messages": HI, "max_tokens": 2**32 + 1}),
     ("/v1/chat/completions", {"messages": HI, "max_tokens": 2**64}),

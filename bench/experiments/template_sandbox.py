@@ -8,17 +8,18 @@ max), the worst one over the budget, and the good template's latency; side by si
 target (printed, not asserted: timings are figures). --hog N runs N busy-looping processes meanwhile (a loaded
 machine: worker start-up is slowest then).
 
-    python -m bench.template_sandbox [--loopers 6] [--workers 2] [--timeout 2] [--spares 0,1] [--rounds 3] [--hog 0]
+    python -m bench.experiments.template_sandbox [--loopers 6] [--workers 2] [--timeout 2] [--spares 0,1] [--rounds 3]
+                                                 [--hog 0] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import statistics
 import threading
 import time
 
+from bench.common import bench_parser
 from preprocessor.template import RenderJob
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.errors import SpliceError
@@ -68,10 +69,8 @@ def _hog(stop) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--loopers", type=int, default=6)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=2.0)
+    parser = bench_parser(__doc__, quick={"loopers": 2, "timeout": 0.5, "rounds": 1}, model=None, repeats=None,
+                          loopers=6, workers=2, timeout=2.0)
     parser.add_argument("--spares", default="0,1", help="spare counts to compare, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hog", type=int, default=0, help="busy-looping processes beside the bench")

@@ -2,8 +2,8 @@
 preprocessor process and this (client) process, at N concurrent streams, and how many tokens each client chunk
 carried (above 1 when readers fell behind and the pending tokens were merged).
 
-    python -m bench.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3] [--stream-interval 1]
-                              [--engine-args '...']
+    python -m bench.experiments.stack_cpu [--model tiny-text] [--streams 64] [--new-tokens 64] [--repeats 3]
+                                          [--stream-interval 1] [--engine-args '...'] [--quick]
 
 CPU time is read from /proc for the services and from getrusage for this process, so it counts every thread
 (the engine's forward, gRPC's pollers). Run it on two checkouts back to back to compare them.
@@ -18,7 +18,8 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from bench.stack_throughput import prompts, stack_parser, start_bench_stack
+from bench.common import prompts
+from bench.stacks import engine_flags, running_stack, stack_parser
 from clients import AsyncSpliceClient
 
 
@@ -35,8 +36,7 @@ def own_cpu() -> float:
 
 async def main() -> None:
     args = stack_parser(__doc__).parse_args()
-    engine, pre = start_bench_stack(args)
-    try:
+    with running_stack(args.model, engine_args=engine_flags(args)) as (engine, pre):
         async with AsyncSpliceClient(pre.address, timeout=600) as client:
             async def one(ids: list[int], n: int) -> tuple[int, int]:
                 chunks = tokens = 0
@@ -54,14 +54,10 @@ async def main() -> None:
                     chunks, tokens = chunks + c, tokens + t
             wall = time.perf_counter() - start
             after = (process_cpu(engine.proc.pid), process_cpu(pre.proc.pid), own_cpu())
-        us = [(b - a) / tokens * 1e6 for a, b in zip(before, after, strict=True)]
-        print(f"{args.model}: {tokens} tokens at {args.streams} streams, {tokens / wall:.0f} tok/s, "
-              f"{tokens / chunks:.2f} tokens per client chunk; CPU us/token: engine {us[0]:.0f}, "
-              f"preprocessor {us[1]:.0f}, client {us[2]:.0f}, total {sum(us):.0f}", flush=True)
-    finally:
-        pre.stop()
-        engine.stop()
-
+    us = [(b - a) / tokens * 1e6 for a, b in zip(before, after, strict=True)]
+    print(f"{args.model}: {tokens} tokens at {args.streams} streams, {tokens / wall:.0f} tok/s, "
+          f"{tokens / chunks:.2f} tokens per client chunk; CPU us/token: engine {us[0]:.0f}, "
+          f"preprocessor {us[1]:.0f}, client {us[2]:.0f}, total {sum(us):.0f}", flush=True)
 
 if __name__ == "__main__":
     asyncio.run(main())

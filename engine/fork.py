@@ -1,0 +1,65 @@
+"""n > 1 choices from one prompt (OpenAI's and vLLM's `n`): the prompt is prefilled once, then its row is forked.
+
+A request of n choices is one Sequence until its prompt is in; its n - 1 other choices are made beside it
+(`choices`), each with its own SamplingParams (`SamplingParams.choice`: seed + index when seeded, vLLM's rule), and
+queued nowhere. The scheduler admits the request only where all n fit in --max-running-seqs and holds their slots;
+once the prompt's prefill is done the engine starts them (Scheduler.fork), the runner copies the prompt's row into
+theirs (ModelRunner.fork: key/value columns and any recurrent state), and the prefill's last logits are sampled once
+per choice (`expand`), each with its own generator. From then on the choices share nothing: penalties, stop state,
+max_tokens and their streams are their own. The caller reads the n streams as one (`merged`), each output tagged
+with its choice's index; the first error ends all of them, and leaving it aborts every choice still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import torch
+
+from engine.outbox import Listener
+from engine.sequence import Sequence
+from splice.engine_output import EngineOutput
+from splice.engine_request import EngineRequest
+
+
+def choices(seq: Sequence, req: EngineRequest) -> list[Sequence]:
+    """`seq` (choice 0) and, for n > 1, its other choices, which it holds in `forks` until they start."""
+    seq.forks = [Sequence(seq.request_id, seq.prompt_len, req.sampling.choice(i), seq.max_model_len,
+                          seq.eos_token_ids, index=i) for i in range(1, req.sampling.n)]
+    return [seq, *seq.forks]
+
+
+def expand(seqs: list[Sequence], logits: torch.Tensor,
+           started: dict[int, list[Sequence]]) -> tuple[list[Sequence], torch.Tensor]:
+    """A step's rows with the choices that started in it: each after the sequence it was forked from, sampling from a
+    copy of that sequence's logits row ([rows, vocab] -> [rows + new, vocab])."""
+    rows: list[int] = []
+    out: list[Sequence] = []
+    for row, seq in enumerate(seqs):
+        forked = started.get(seq.seq_id, ())
+        out += [seq, *forked]
+        rows += [row] * (1 + len(forked))
+    return out, logits[torch.tensor(rows, device=logits.device)]
+
+
+async def merged(listeners: list[Listener]) -> AsyncIterator[EngineOutput]:
+    """Every choice's outputs as they come (listener i's are choice i's), until each choice has finished; the first
+    error (an abort, a failure) ends them all."""
+    takes = {asyncio.ensure_future(lst.take()): i for i, lst in enumerate(listeners)}
+    try:
+        while takes:
+            done, _ = await asyncio.wait(takes, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=takes.__getitem__):  # same-time outputs in choice order
+                i = takes.pop(task)
+                out, error = task.result()
+                if out is not None:
+                    yield out
+                if error is not None:
+                    raise error
+                if out is None or not out.finished:
+                    takes[asyncio.ensure_future(listeners[i].take())] = i
+    finally:
+        for task in takes:
+            task.cancel()
+        await asyncio.gather(*takes, return_exceptions=True)
