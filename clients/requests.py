@@ -56,14 +56,16 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None,
                  continue_final_message: bool = False, add_special_tokens: bool = False,
                  documents: Iterable[dict[str, str]] | None = None, reasoning_effort: str | None = None,
-                 mm_processor_kwargs: dict | None = None, deferred: list[torch.Tensor] | None = None,
-                 **sampling: Any) -> pp.ChatRequest:
+                 mm_processor_kwargs: dict | None = None, tools: Iterable[dict] | None = None,
+                 tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
+                 deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
     """The chat fields mean what vLLM's do (preprocessor.proto's ChatRequest); None leaves a field to the
     server's default. `sampling` takes SamplingParams' fields by vLLM's names: temperature, top_p, top_k, seed,
     max_tokens, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, skip_special_tokens, presence_penalty,
     frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias, allowed_token_ids, bad_words,
     include_stop_str_in_output; a structured output as `structured` (a StructuredOutput) or by vLLM's fields
-    (response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar). With
+    (response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar).
+    `tools`, `tool_choice`, `parallel_tool_calls`: OpenAI's (a chunk's tool_calls carry the calls found). With
     `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],
                          sampling=_sampling(sampling), continue_final_message=continue_final_message,
@@ -80,6 +82,14 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
         req.reasoning_effort = reasoning_effort
     if mm_processor_kwargs:
         req.mm_processor_kwargs.CopyFrom(_struct(mm_processor_kwargs))
+    if tools is not None:
+        req.tools.extend(_struct(t) for t in tools)
+    if isinstance(tool_choice, dict):
+        req.tool_choice.struct_value.update(tool_choice)
+    elif tool_choice is not None:
+        req.tool_choice.string_value = tool_choice
+    if parallel_tool_calls is not None:
+        req.parallel_tool_calls = parallel_tool_calls
     return req
 
 

@@ -24,6 +24,7 @@ from preprocessor.request_bounds import check_conversation, check_prompt, check_
 from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
+from preprocessor.tools.parsers import get_parser
 from splice.errors import InvalidArgument
 from splice.grammar import check as check_grammar
 from splice.model_info import ModelInfo
@@ -84,6 +85,8 @@ class PreprocessorCore:
         self.files = files
         self.info = info
         self.limits = limits or Limits()
+        # --tool-call-parser: finds the calls in an answer to tool_choice "auto" (preprocessor/tools/)
+        self.tool_parser = get_parser(self.limits.tool_call_parser) if self.limits.tool_call_parser else None
         self._engine = engine
         self._token_text: dict[int, str] = {}  # token_texts' cache
         self._own_sandbox = sandbox is None and self.limits.trust_request_chat_template

@@ -140,6 +140,11 @@ ContentPart = Annotated[TextPart | ImageUrlPart | PromptEmbedsPart | ImageEmbeds
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
+    # an assistant turn's calls (OpenAI's shape; `arguments` a JSON string) and a tool's reply to one: the
+    # template gets them (arguments parsed, as vLLM's)
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -207,6 +212,11 @@ class ChatCompletionRequest(GenerationFields):
     mm_processor_kwargs: dict[str, Any] | None = None  # preprocessor/mm_kwargs.py
     echo: bool = False  # the answer starts with the last message's text when it has the answer's role
     return_token_ids: bool | None = None  # prompt_token_ids on the response, token_ids on each choice
+    # tool calling (preprocessor/tools/): OpenAI's tool objects, rendered by the template's `tools`; "none" |
+    # "auto" | "required" | {"type": "function", "function": {"name": ...}}; false: the first call only
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(GenerationFields):
@@ -242,6 +252,7 @@ class TokenizeChatRequest(_Request):
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None  # rendered as ChatCompletionRequest's
 
 
 TokenizeRequest = TokenizeChatRequest | TokenizeCompletionRequest

