@@ -1,18 +1,24 @@
 """Structured outputs end to end through the official `openai` SDK against real processes, on the random-weight tiny
 text model sampled at temperature 1: every json_schema / json_object answer parses and follows its schema, choice and
 regex answers match exactly, each ends with finish_reason stop (a `length` finish fails the test); bad specs and
-competing constraints are 400s naming them."""
+competing constraints are 400s naming them; a grammar holds with a picture in the request; a constrained stream closed
+by the client frees its row (the engine's running gauge back to 0) and constrained requests are served after it."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 import re
+import time
 
 import jsonschema
 import openai
 import pytest
 
+from app.demo import sample_picture
+from app.scrape import scrape, value
 from clients import SpliceClient
 from tests.integration.conftest import API_KEY, MODEL
 
@@ -124,3 +130,66 @@ def test_every_choice_of_n_follows_the_schema(client):
     for choice in reply.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(_json(choice.message.content), SCHEMA)
+
+
+def _with_picture(text: str) -> list[dict]:
+    buf = io.BytesIO()
+    sample_picture(80, 40).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_grammar_holds_with_a_picture_in_the_request(client, seed):
+    """The stack's model (tiny-idefics3) is a vision model: the image's rows are merged into the prompt, and the
+    constrained answer still follows its constraint."""
+    words = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is in it?"}],
+                                           max_tokens=1).usage.prompt_tokens
+
+    def ask(**fields):
+        reply = client.chat.completions.create(model=MODEL, messages=_with_picture("What is in it?"), temperature=1.0,
+                                               seed=seed, max_tokens=ROOM, **fields)
+        assert reply.choices[0].finish_reason == "stop", reply.choices[0]
+        assert reply.usage.prompt_tokens > words + 8  # (the picture's tokens are in the prompt)
+        return reply.choices[0].message.content
+
+    assert ask(extra_body={"structured_outputs": {"choice": ["cat", "dog", "bird"]}}) in ("cat", "dog", "bird")
+    assert re.fullmatch(r"[a-f]{2}-\d", ask(extra_body={"structured_outputs": {"regex": r"[a-f]{2}-\d"}}))
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}}
+    jsonschema.validate(_json(ask(response_format=fmt)), SCHEMA)
+
+
+def _settle(engine, done, timeout: float = 30.0):
+    """Scrapes until `done` holds (the engine records a step's counters just after the step's outputs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(engine)
+        if done(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_a_closed_constrained_stream_frees_its_row_and_constraints_keep_being_served(client, http_stack):
+    engine = http_stack[0]
+    finished, running = "splice_engine_requests_finished_total", "splice_engine_num_requests_running"
+    before = scrape(engine)
+    # the regex admits nothing but 1500 x's: the row cannot end on its own before the client closes it
+    stream = client.chat.completions.create(model=MODEL, messages=MSGS, stream=True, temperature=1.0, max_tokens=2000,
+                                            extra_body={"structured_outputs": {"regex": "x{1500}"}})
+    text = ""
+    for chunk in stream:
+        text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+        if len(text) >= 3:
+            break
+    assert set(text) == {"x"} and value(scrape(engine), running) == 1
+    stream.close()
+    after = _settle(engine, lambda s: value(s, finished, finish_reason="abort")
+                    > value(before, finished, finish_reason="abort") and value(s, running) == 0)
+    assert value(after, finished, finish_reason="abort") - value(before, finished, finish_reason="abort") == 1
+    assert value(after, running) == 0
+    # the same spec again, cut short, and another constraint: both served and followed
+    cut = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4,
+                                         extra_body={"structured_outputs": {"regex": "x{1500}"}})
+    assert cut.choices[0].finish_reason == "length" and set(cut.choices[0].message.content) == {"x"}
+    assert _ask(client, 3, extra_body={"guided_choice": ["after", "close"]}) in ("after", "close")
