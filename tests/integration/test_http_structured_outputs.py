@@ -193,3 +193,23 @@ def test_a_closed_constrained_stream_frees_its_row_and_constraints_keep_being_se
                                          extra_body={"structured_outputs": {"regex": "x{1500}"}})
     assert cut.choices[0].finish_reason == "length" and set(cut.choices[0].message.content) == {"x"}
     assert _ask(client, 3, extra_body={"guided_choice": ["after", "close"]}) in ("after", "close")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_inside_a_json_schema_answer_cuts_it_and_max_tokens_says_length(client, stream):
+    """vLLM's order: the grammar picks the tokens, the stop string then ends the text (without the stop string); a
+    json_schema answer cut by max_tokens finishes with length, whole or streamed."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}}
+
+    def ask(**fields) -> tuple[str, str]:
+        reply = client.chat.completions.create(model=MODEL, messages=MSGS, temperature=1.0, seed=6, stream=stream,
+                                               response_format=fmt, **fields)
+        if not stream:
+            return reply.choices[0].message.content, reply.choices[0].finish_reason
+        chunks = [c for c in reply if c.choices]
+        return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+
+    text, reason = ask(max_tokens=ROOM, stop=[', "count"'])  # (the schema's whitespace: ", " between items)
+    assert reason == "stop" and re.fullmatch(r'\{"colour": "(red|green|blue)"', text), text
+    text, reason = ask(max_tokens=3)
+    assert reason == "length" and text.startswith("{"), text
