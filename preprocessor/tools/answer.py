@@ -34,9 +34,20 @@ class Answer:
     finish_reason: str | None
 
 
+# The JSON grammars (xgrammar's, as vLLM's) let a string hold raw control characters, which JSON forbids: a call's
+# arguments escape them, so that every client's JSON parser reads them. Outside strings the grammar writes none
+# (no free whitespace), so each one met is inside a string, and escaping it is local: it works on a stream too.
+_CONTROLS = {c: json.dumps(chr(c))[1:-1] for c in range(0x20)}
+
+
+def json_text(text: str) -> str:
+    """A constrained answer's JSON text with the control characters inside its strings escaped."""
+    return text.translate(_CONTROLS)
+
+
 def _required(text: str) -> Extracted:
     try:
-        items = json.loads(text)
+        items = json.loads(text, strict=False)
         calls = tuple(ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items)
     except (ValueError, TypeError, KeyError):
         return Extracted(text)
@@ -59,7 +70,7 @@ class ToolAnswer:
         if self.request.choice == "required":
             return _required(text)
         if self.request.choice == "function":
-            return Extracted("", (ToolCall(self.request.name or "", text),))
+            return Extracted("", (ToolCall(self.request.name or "", json_text(text)),))
         return Extracted(text)
 
     def _calls(self, extracted: Extracted) -> tuple[ToolCall, ...]:
@@ -109,10 +120,10 @@ class ToolAnswer:
         calls = []
         if not self._opened:
             self._opened = True
-            first = ToolCall(self.request.name or "", text)
+            first = ToolCall(self.request.name or "", json_text(text))
             calls.append({"index": 0, **first.json()})
         elif text:
-            calls.append({"index": 0, "function": {"arguments": text}})
+            calls.append({"index": 0, "function": {"arguments": json_text(text)}})
         return ({"tool_calls": calls} if calls else {}), reason
 
 

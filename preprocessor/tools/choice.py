@@ -1,6 +1,7 @@
 """The constraint `tool_choice` implies, as vLLM's get_json_schema_from_tools: a named function's answer is its
 arguments (the function's parameters schema); `required`'s is a JSON list of one or more {"name", "parameters"}
-objects, each a function of `tools` with its parameters. "auto" and "none" constrain nothing."""
+objects, each a function of `tools` with its parameters (one, with parallel_tool_calls false). "auto" and "none"
+constrain nothing."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def calls_schema(request: ToolRequest) -> dict[str, Any]:
                               "items": {"type": "object", "anyOf": [_call_schema(t["function"]["name"],
                                                                                   t["function"].get("parameters"))
                                                                      for t in request.tools]}}
+    if not request.parallel:  # only the first call is returned: the answer holds one (vLLM's list is unbounded)
+        schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
     return schema

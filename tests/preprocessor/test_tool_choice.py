@@ -52,6 +52,13 @@ def test_required_answers_with_a_list_of_calls():
     assert answer.finish_reason == "tool_calls" and answer.content == ""
 
 
+def test_required_without_parallel_calls_answers_with_one_call():
+    one = [{"name": "get_weather", "parameters": {"city": "Paris"}}]
+    two = [*one, {"name": "get_time", "parameters": {}}]
+    assert _valid(_schema("required", parallel=False), one) and not _valid(_schema("required", parallel=False), two)
+    assert _valid(_schema("required", parallel=True), two)
+
+
 def test_required_merges_defs():
     with_defs = {"type": "function", "function": {"name": "place", "parameters": {
         "type": "object", "properties": {"at": {"$ref": "#/$defs/point"}}, "required": ["at"],
@@ -97,3 +104,17 @@ def test_server_settings():
         ToolSettings(None, auto=True)
     with pytest.raises(ValueError, match="hermes"):
         ToolSettings("nope")
+
+
+def test_control_characters_in_constrained_arguments_come_out_escaped():
+    # xgrammar's JSON strings admit raw control characters (a random model writes them); JSON does not
+    raw = '{"city": "Pa\tri\x01s"}'
+    named = ToolAnswer(tool_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None, AUTO))
+    assert json.loads(named.whole(raw, "stop").calls[0].arguments) == {"city": "Pa\tri\x01s"}
+    streamed = ToolAnswer(tool_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None,
+                                       AUTO))
+    parts = [streamed.delta(raw[:12], False, None)[0], streamed.delta(raw[12:], True, "stop")[0]]
+    assert json.loads("".join(p["tool_calls"][0]["function"]["arguments"] for p in parts)) == {"city": "Pa\tri\x01s"}
+    required = ToolAnswer(tool_request([WEATHER], "required", None, AUTO))
+    calls = required.whole(f'[{{"name": "get_weather", "parameters": {raw}}}]', "stop").calls
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Pa\tri\x01s"}]
