@@ -21,26 +21,13 @@ from preprocessor.model_files import load_model_files
 from splice.engine_request import NamedTensor
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
-from tests.engine.engine_factories import collect, start_engine, text_request, with_embed_span
+from tests.engine.engine_factories import collect, text_request, with_embed_span
 from tests.engine.family_cases import CASES, FamilyCase
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 
 N = 10  # generated tokens compared
 GREEDY = dict(temperature=0.0)
 
-
-@pytest.fixture(scope="module")
-def engines(tiny_dirs):
-    started: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in started:
-            started[name] = start_engine(tiny_dirs[name])
-        return started[name]
-
-    yield get
-    for engine in started.values():
-        engine.stop()
 
 
 def _ids(case: FamilyCase):

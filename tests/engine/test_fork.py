@@ -32,19 +32,6 @@ SAMPLED = dict(temperature=1.0, seed=SEED, ignore_eos=True, max_tokens=N, freque
 LOGPROB_ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_dirs):
-    started: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in started:
-            started[name] = start_engine(tiny_dirs[name])
-        return started[name]
-
-    yield get
-    for engine in started.values():
-        engine.stop()
-
 
 def _request(ids, tensors, request_id="r", **sampling) -> EngineRequest:
     return EngineRequest(request_id, list(ids), tensors=[NamedTensor(k, v) for k, v in tensors.items()],

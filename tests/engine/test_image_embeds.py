@@ -25,21 +25,6 @@ VISION = [pytest.param(c, id=c.tiny) for c in CASES if c.images]
 GEOMETRY_TENSORS = ("image_grid_thw", "image_sizes", "image_grid_hw")
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_dirs):
-    from tests.engine.engine_factories import start_engine
-
-    started: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in started:
-            started[name] = start_engine(tiny_dirs[name])
-        return started[name]
-
-    yield get
-    for engine in started.values():
-        engine.stop()
-
 
 def geometry(files, inputs: dict[str, torch.Tensor], sizes: list[tuple[int, int]]) -> list[dict]:
     """Each image's geometry as a caller who ran the model's own image processor would send it."""

@@ -21,7 +21,7 @@ from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import InvalidArgument
 from splice.prompt_logprobs import PromptLogprobs
 from splice.sampling import SamplingParams
-from tests.engine.engine_factories import collect, random_ids, start_engine, text_request, with_embed_span
+from tests.engine.engine_factories import collect, random_ids, text_request, with_embed_span
 from tests.engine.family_cases import CASES, FamilyCase
 
 K = 5
@@ -56,20 +56,6 @@ def assert_equals_hf(got: PromptLogprobs, ids: list[int], want: torch.Tensor, k:
     assert torch.equal(torch.tensor(got.top_ids).view(-1, k)[clear], top[clear])
     assert [e is None for e in got.entries()] == [True] + [False] * (len(ids) - 1)
 
-
-@pytest.fixture(scope="module")
-def engines(tiny_dirs):
-    started: dict[str, object] = {}
-
-    def get(name: str, **limits):
-        key = (name, tuple(sorted(limits.items())))
-        if key not in started:
-            started[key] = start_engine(tiny_dirs[name], **limits)
-        return started[key]
-
-    yield get
-    for engine in started.values():
-        engine.stop()
 
 
 def _request(ids, tensors, request_id="plp", **sampling) -> EngineRequest:
