@@ -247,6 +247,8 @@ class LLMEngine:
                 self._fail([seq], exc)
                 continue
             parts[seq.seq_id] = PromptPart(seq.seq_id, prompt, chunk.start, chunk.end)
+        if (cache := self.family.encoder_cache) is not None and cache.queries:
+            self.stats.encoder_cache(*cache.take_counts(), cache.bytes)
         return parts
 
     def _prefilled(self, out: SchedulerOutput, parts: dict[int, PromptPart], ran: Stepped) -> list[Sequence]:
