@@ -25,7 +25,7 @@ TTFT_SECONDS = Histogram("splice_engine_time_to_first_token_seconds",
                          "From Generate's arrival (before validation) to its first token", buckets=LATENCY_BUCKETS)
 
 ENCODER_CACHE_QUERIES = Counter("splice_engine_encoder_cache_queries",
-                                "Pictures (tiles, for Idefics3 / SmolVLM) looked up in the encoder cache")
+                                "Pictures (tiles for Idefics3, SmolVLM, LFM2-VL) looked up in the encoder cache")
 ENCODER_CACHE_HITS = Counter("splice_engine_encoder_cache_hits",
                              "Encoder cache lookups answered without running the vision tower")
 ENCODER_CACHE_BYTES = Gauge("splice_engine_encoder_cache_bytes",
