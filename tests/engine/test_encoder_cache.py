@@ -76,3 +76,18 @@ def test_the_flag_is_stated_in_help():
                           timeout=60)
     flat = " ".join(done.stdout.split())
     assert "--encoder-cache-mb" in flat and "0: off (default: 512)" in flat
+
+
+def test_the_flag_reaches_the_config_and_zero_turns_it_off(tiny_dirs):
+    import argparse
+
+    from engine.cli import add_arguments, config_from_args
+    from engine.loader import load
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args([]), "m").encoder_cache_mb == 512
+    off = config_from_args(parser.parse_args(["--encoder-cache-mb", "0"]), str(tiny_dirs["tiny-llava"]))
+    assert load(off).family.encoder_cache is None
+    on = config_from_args(parser.parse_args(["--encoder-cache-mb", "3"]), str(tiny_dirs["tiny-llava"]))
+    assert load(on).family.encoder_cache.budget == 3 << 20
