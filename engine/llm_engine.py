@@ -129,6 +129,12 @@ class LLMEngine:
 
     # --- async API -------------------------------------------------------------------------------
 
+    def _check(self, req: EngineRequest) -> None:
+        """Validation, then the encoder cache's content keys (hashing every pixel byte, like the finite checks
+        beside it, not on the engine loop)."""
+        validate_request(req, self.m.info, self.m.family.images)
+        req.image_keys = self.m.family.image_keys(req)
+
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
         """Validates and queues `req`; yields one EngineOutput per step, or the outputs of several steps merged
         into one when the caller was not waiting (it fell behind). Raises SpliceError on bad input."""
@@ -138,7 +144,7 @@ class LLMEngine:
         self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
-        await inline_or_thread(inline, validate_request, req, self.m.info, self.m.family.images)
+        await inline_or_thread(inline, self._check, req)
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, payload=req)
         seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)

@@ -244,16 +244,23 @@ class ModelFamily:
             return pieces[0]
         return {name: torch.cat([p[name] for p in pieces]) for name in pieces[0]}
 
-    def cached_image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """image_features through the encoder cache: the pieces found are not encoded again, the others (each
-        distinct one once) are encoded together in one call; rows in placeholder order."""
+    def image_keys(self, req: EngineRequest) -> list[str] | None:
+        """The encoder cache's keys of `req`'s image pieces, in order; None where it has no cache or none to key
+        (no pictures, precomputed features, or no piece the tower would encode alone)."""
+        inputs = req.model_inputs
+        if self.encoder_cache is None or not inputs or IMAGE_EMBEDS in inputs:
+            return None
+        return [content_key(p) for p in self.image_pieces(inputs)] or None
+
+    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None) -> torch.Tensor:
+        """image_features through the encoder cache (`keys`: image_keys, already made): the pieces found are not
+        encoded again, the others (each distinct one once) are encoded together in one call; rows in placeholder
+        order."""
         cache = self.encoder_cache
-        if cache is None:
+        pieces = self.image_pieces(inputs) if cache is not None else []
+        if not pieces:  # off, or nothing the tower would encode on its own: leave it to the tower's own rules
             return self.image_features(inputs)
-        pieces = self.image_pieces(inputs)
-        if not pieces:  # nothing the tower would encode on its own: leave it to the tower's own rules
-            return self.image_features(inputs)
-        keys = [content_key(p) for p in pieces]
+        keys = keys if keys is not None and len(keys) == len(pieces) else [content_key(p) for p in pieces]
         found = {k: rows for k in dict.fromkeys(keys) if (rows := cache.get(k)) is not None}
         missed = [k for k in dict.fromkeys(keys) if k not in found]
         cache.count(len(keys), len(keys) - len(missed))  # a piece repeated within the request is a hit too
@@ -280,7 +287,8 @@ class ModelFamily:
         if inputs:
             image_mask = (ids == self.image_token_id) & ~span_mask
             # supplied features (validated against the image tokens) skip the vision tower
-            features = inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs else self.cached_image_features(inputs)
+            features = (inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs
+                        else self.cached_image_features(inputs, req.image_keys))
             embeds[image_mask] = features.to(device=self.device, dtype=self.dtype)
         for span in req.embed_spans:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
