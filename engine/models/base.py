@@ -238,7 +238,7 @@ class ModelFamily:
         return [inputs]
 
     def join_pieces(self, pieces: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Pieces of image_pieces (of one request or several) as one image_features input whose rows are the
+        """Pieces of one request's image_pieces as one image_features input whose rows are the
         pieces' rows in order. Default: each tensor concatenated along its first dimension."""
         if len(pieces) == 1:
             return pieces[0]
