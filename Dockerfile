@@ -14,6 +14,8 @@ COPY preprocessor ./preprocessor
 COPY clients ./clients
 COPY app ./app
 RUN pip install --no-cache-dir .
+# xgrammar asks for triton; only a CUDA torch uses it (a CPU torch's image goes without it, as scripts/setup.sh)
+RUN python -c "import sys, torch; sys.exit(torch.version.cuda is not None)" && pip uninstall -y triton || true
 # gRPC public API, OpenAI-compatible HTTP API (`splice up`'s --http-port), engine
 EXPOSE 50051 8000 50061
 CMD ["splice", "up", "--host", "0.0.0.0"]

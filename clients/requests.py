@@ -13,8 +13,10 @@ from google.protobuf import struct_pb2
 from clients.errors import SpliceClientError
 from clients.parts import declared_embeds, to_message
 from clients.types import Tokenized
-from splice.errors import SpliceError
+from splice.errors import InvalidArgument, SpliceError
 from splice.sampling import SamplingParams
+from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
+from splice.structured_fields import structured_from_fields
 from splice.tensor_chunks import tensor_chunks
 from splice.v1 import common_pb2
 from splice.v1 import preprocessor_pb2 as pp
@@ -54,14 +56,17 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None,
                  continue_final_message: bool = False, add_special_tokens: bool = False,
                  documents: Iterable[dict[str, str]] | None = None, reasoning_effort: str | None = None,
-                 mm_processor_kwargs: dict | None = None, deferred: list[torch.Tensor] | None = None,
-                 **sampling: Any) -> pp.ChatRequest:
+                 mm_processor_kwargs: dict | None = None, tools: Iterable[dict] | None = None,
+                 tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
+                 deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
     """The chat fields mean what vLLM's do (preprocessor.proto's ChatRequest); None leaves a field to the
     server's default. `sampling` takes SamplingParams' fields by vLLM's names: temperature, top_p, top_k, seed,
     max_tokens, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, skip_special_tokens, presence_penalty,
     frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias, allowed_token_ids, bad_words,
-    include_stop_str_in_output. With `deferred`, tensor parts are declared without their bytes and the tensors
-    appended there (Upload)."""
+    include_stop_str_in_output; a structured output as `structured` (a StructuredOutput) or by vLLM's fields
+    (response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar).
+    `tools`, `tool_choice`, `parallel_tool_calls`: OpenAI's (a chunk's tool_calls carry the calls found). With
+    `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],
                          sampling=_sampling(sampling), continue_final_message=continue_final_message,
                          add_special_tokens=add_special_tokens)
@@ -77,6 +82,14 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
         req.reasoning_effort = reasoning_effort
     if mm_processor_kwargs:
         req.mm_processor_kwargs.CopyFrom(_struct(mm_processor_kwargs))
+    if tools is not None:
+        req.tools.extend(_struct(t) for t in tools)
+    if isinstance(tool_choice, dict):
+        req.tool_choice.struct_value.update(tool_choice)
+    elif tool_choice is not None:
+        req.tool_choice.string_value = tool_choice
+    if parallel_tool_calls is not None:
+        req.parallel_tool_calls = parallel_tool_calls
     return req
 
 
@@ -149,12 +162,19 @@ def tokenized_from_pb(pb: pp.TokenizeResponse) -> Tokenized:
 def _sampling(sampling: dict) -> common_pb2.SamplingParams:
     """Validated here with the server's own rules, raised as the same SpliceClientError the server would give.
     vLLM's spellings are taken as its HTTP API takes them: `stop` as one string, `top_k` -1 for off."""
+    asked = {name: sampling.pop(name) for name in STRUCTURED_FIELDS if name in sampling}
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in sampling.items()}
     if isinstance(fields.get("stop"), str):
         fields["stop"] = (fields["stop"],)
     if fields.get("top_k") == -1:
         fields["top_k"] = 0
     try:
+        found = structured_from_fields(asked)
+        if found is not None:
+            if fields.get("structured") is not None:
+                raise InvalidArgument(f"only one kind of structured output constraint may be set, got structured, "
+                                      f"{found[0]}")
+            fields["structured"] = found[1]
         params = SamplingParams(**fields)
     except SpliceError as exc:
         raise SpliceClientError(grpc.StatusCode[exc.code], exc.message) from None

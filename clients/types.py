@@ -11,11 +11,22 @@ from splice.v1 import preprocessor_pb2
 
 
 @dataclass(frozen=True)
+class ToolCallPiece:
+    """A piece of a tool call: the first of an index has its id and name; the arguments of an index's pieces, joined,
+    are the call's arguments (a JSON object's text)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Chunk:
     text: str  # text since the previous chunk
     token_ids: tuple[int, ...]  # tokens since the previous chunk
     logprobs: tuple[float, ...] = ()
-    finish_reason: FinishReason | None = None  # STOP | LENGTH on the final chunk (== "stop" | "length")
+    finish_reason: FinishReason | None = None  # STOP | LENGTH | TOOL_CALLS on the final chunk (== "stop" ...)
     usage: Usage | None = None  # final chunk only
     stop_reason: str = ""  # the stop string that matched, if any
     # with top_logprobs = k: for each token, the k most likely tokens at its step, (token ID, logprob), most likely
@@ -26,6 +37,8 @@ class Chunk:
     # choice 0 only
     prompt_logprobs: PromptLogprobs | None = None
     index: int = 0  # which of the request's n choices it belongs to (each ends with its own final chunk)
+    # a chat with tools: call pieces as OpenAI streams them; `ToolCallPiece`s of one index join into one call
+    tool_calls: tuple[ToolCallPiece, ...] = ()
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
@@ -39,6 +52,7 @@ class Chunk:
             top_logprobs=_per_token(pb),
             prompt_logprobs=PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None,
             index=pb.index,
+            tool_calls=tuple(ToolCallPiece(c.index, c.id, c.name, c.arguments) for c in pb.tool_calls),
         )
 
 

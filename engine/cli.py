@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
+from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import Resolve, run_service
 
@@ -54,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MiB of vision-tower outputs kept by picture content, so a picture sent again (as "
                              "multi-turn chats do) is not encoded again; least recently used evicted first; 0: off "
                              "(default: 512)")
+    parser.add_argument("--structured-compile-timeout", type=float, default=DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S,
+                        help="seconds a structured output's grammar (response_format, structured_outputs) may take "
+                             "to compile for the tokenizer before the request is refused with INVALID_ARGUMENT; "
+                             "compiles run off the step thread, once per distinct spec (default: %(default)s)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -89,7 +94,8 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         upload_idle_timeout=args.upload_idle_timeout,
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
-                        model_impl=args.model_impl, encoder_cache_mb=args.encoder_cache_mb,
+                        model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
+                        encoder_cache_mb=args.encoder_cache_mb,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.models.lean_llama import IMPLS
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
+from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -49,6 +50,9 @@ class EngineConfig:
     # MiB of vision-tower outputs kept by picture content (engine/encoder_cache.py), so a re-sent picture is not
     # encoded again; least recently used evicted first; 0 = off
     encoder_cache_mb: int = 512
+    # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
+    # compile runs in its own thread, never the step's
+    structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -79,6 +83,8 @@ class EngineConfig:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
+        if not self.structured_compile_timeout > 0:
+            raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
 

@@ -21,6 +21,7 @@ import torch
 
 from engine import fork
 from engine.config import EngineConfig
+from engine.grammar_masks import GrammarMasks
 from engine.loader import LoadedModel, load
 from engine.logits_controls import LogitsControls
 from engine.metrics import EngineStats, NoStats
@@ -34,6 +35,7 @@ from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
+from splice.grammar import GrammarCache
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
 from splice.prompt_logprobs import PromptLogprobs
@@ -76,6 +78,9 @@ class LLMEngine:
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self._forked: dict[int, list[Sequence]] = {}  # this step's n > 1 prompts: seq_id -> its choices that started
         self._controls = LogitsControls(self.m.device)  # penalties and masks: per-sequence state, batched apply
+        self._masks = GrammarMasks()  # structured outputs: matchers of the constrained sequences, batched mask
+        self._grammars: GrammarCache | None = None  # compiled structured outputs; made at the first one
+        self._logits_width: int | None = None  # the logits' vocabulary (grammars are compiled for it)
         self.steps = 0  # forwards run; tests and metrics read it
         self.packed_steps = 0  # of those, mixed steps run as one packed forward
         self.stats: EngineStats = EngineStats()  # Prometheus recording, per step or per request
@@ -108,6 +113,9 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         self.runner.clear()
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
         if self.ranks is not None:
             self.ranks.stop()
             self.ranks = None
@@ -145,8 +153,11 @@ class LLMEngine:
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
         await inline_or_thread(inline, self._check, req)
+        # a structured output's grammar compiles in its own thread (once per distinct spec): this request waits,
+        # the running ones keep decoding
+        grammar = await self._grammar_cache().get(req.sampling.structured) if req.sampling.structured else None
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
-                       self.m.info.eos_token_ids, payload=req)
+                       self.m.info.eos_token_ids, payload=req, grammar=grammar)
         seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)
         listeners = [Listener(asyncio.get_running_loop(), arrival, self.cfg.stream_interval) for _ in seqs]
         with self._lock:
@@ -177,6 +188,15 @@ class LLMEngine:
             with self._lock:
                 for s in seqs:
                     self._listeners.pop(s.seq_id, None)
+
+    def _grammar_cache(self) -> GrammarCache:
+        if self._grammars is None:
+            def tokenizer():
+                from transformers import AutoTokenizer
+                return AutoTokenizer.from_pretrained(self.cfg.model)
+            self._grammars = GrammarCache(tokenizer, self._logits_width or self.m.info.vocab_rows,
+                                          self.m.info.eos_token_ids, self.cfg.structured_compile_timeout)
+        return self._grammars
 
     def abort(self, request_id: str) -> int:
         """Aborts every live sequence with this request ID before its next step; returns how many."""
@@ -295,6 +315,8 @@ class LLMEngine:
         else:
             prompt_ids = req.token_ids
         self._controls.start(seq, prompt_ids)  # (engine thread only, as are its apply, record and release)
+        if seq.grammar is not None:
+            self._masks.start(seq, seq.grammar)
         if seq.forks:
             self._fork(seq, prompt_ids)
         seq.payload = None  # prompt tensors are no longer needed
@@ -319,16 +341,22 @@ class LLMEngine:
         for child in children:
             self._generators[child.seq_id] = make_generator(child.sampling.seed, self.m.device)
             self._controls.start(child, prompt_ids)
+            if seq.grammar is not None:  # each choice follows the grammar with its own matcher
+                self._masks.start(child, seq.grammar)
         self._forked[seq.seq_id] = children
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        self._logits_width = logits.shape[-1]
         if self._forked:  # choices that start in this step sample their first token from their prompt's logits
             seqs, logits = fork.expand(seqs, logits, self._forked)
             self._forked = {}
+        # the grammars' masks first (vLLM's order): the penalties and the logprobs see the masked distribution
+        logits = self._masks.apply(logits, seqs)  # `logits` itself when no row has a grammar
         controlled = self._controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
         tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs],
                                         [self._generators[s.seq_id] for s in seqs], raw=logits)
         self._controls.record(seqs, tokens)
+        complete = self._masks.advance(seqs, tokens)  # grammars that reached their end: those outputs stop
         finished: set[int] = set()
         skipped = 0
         with self._lock:
@@ -338,6 +366,8 @@ class LLMEngine:
                     skipped += 1
                     continue
                 reason = seq.append(tok, lp)
+                if reason is None and seq.seq_id in complete:
+                    reason = FinishReason.STOP
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
                     finished.add(seq.seq_id)
@@ -382,6 +412,7 @@ class LLMEngine:
             self.stats.finished(seq.finish_reason.value if seq.finish_reason else "error")
         self._generators.pop(seq.seq_id, None)
         self._controls.release(seq.seq_id)
+        self._masks.release(seq.seq_id)
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
         """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""

@@ -35,6 +35,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: BaseException | None = None
     abort_requested: bool = False  # set by any thread; the engine drains it between steps
+    grammar: Any = None  # its structured output's compiled grammar (engine/grammar_masks.py makes its matcher)
     prefilled: int = 0  # prompt positions already cached (a long prompt admitted while others run fills in steps)
     index: int = 0  # which of its request's n choices this is (SamplingParams.n)
     # the request's other choices (n > 1), made with it and queued nowhere: they start from its prefill (a copy of its

@@ -14,6 +14,7 @@ from pathlib import Path
 from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
+from preprocessor.tools.parsers import parser_names
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
@@ -106,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
                         help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
                              "requests UNAVAILABLE meanwhile)")
+    parser.add_argument("--tool-call-parser", choices=parser_names(), default=None,
+                        help="how calls are read from an answer to a request with tools (vLLM's parsers)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='serve tool_choice "auto" (the default with tools): the model decides, the parser '
+                             "finds its calls; needs --tool-call-parser")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -117,7 +123,8 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   max_prompts=args.max_prompts, allowed_media_dir=args.allowed_media_dir,
                   trust_request_chat_template=args.trust_request_chat_template,
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,
-                  upload_idle_timeout=args.upload_idle_timeout, enable_mm_embeds=args.enable_mm_embeds)
+                  upload_idle_timeout=args.upload_idle_timeout, enable_mm_embeds=args.enable_mm_embeds,
+                  tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice)
 
 
 def admission_from_args(args: argparse.Namespace) -> Admission:

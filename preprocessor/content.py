@@ -99,6 +99,8 @@ class Message:
     parts: tuple[Part, ...]
     as_string: bool  # the caller used the plain-string form (ChatMessage.text)
     index: int
+    # what templates read besides role and content: an assistant's tool_calls, a tool reply's tool_call_id, name
+    fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.role:

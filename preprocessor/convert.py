@@ -22,6 +22,7 @@ from preprocessor.content import (
     Where,
 )
 from preprocessor.template_args import template_arguments
+from preprocessor.tools.request import ToolRequest, ToolSettings, checked_tools, message_fields, tool_request
 from splice.errors import InvalidArgument
 from splice.v1 import preprocessor_pb2
 
@@ -68,12 +69,17 @@ def part_from_pb(pb: preprocessor_pb2.ContentPart, where: Where, streamed: Strea
 
 
 def message_from_pb(pb: preprocessor_pb2.ChatMessage, index: int, streamed: Streamed | None = None) -> Message:
+    fields = message_fields([struct_from_pb(c) for c in pb.tool_calls],
+                            pb.tool_call_id if pb.HasField("tool_call_id") else None,
+                            pb.name if pb.HasField("name") else None, index)
     if pb.HasField("text"):
         if len(pb.content):
             raise InvalidArgument(f"messages[{index}]: set text or content, not both")
-        return Message(pb.role, (Text(pb.text, Where(index, 0)),), True, index)
+        return Message(pb.role, (Text(pb.text, Where(index, 0)),), True, index, fields)
+    if not len(pb.content) and fields.get("tool_calls"):  # an assistant turn that is only calls (content null)
+        return Message(pb.role, (Text("", Where(index, 0)),), True, index, fields)
     parts = tuple(part_from_pb(p, Where(index, i), streamed) for i, p in enumerate(pb.content))
-    return Message(pb.role, parts, False, index)
+    return Message(pb.role, parts, False, index, fields)
 
 
 def _whole(value: Any) -> Any:
@@ -101,11 +107,22 @@ def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | 
         messages=tuple(message_from_pb(m, i, streamed) for i, m in enumerate(pb.messages)),
         add_generation_prompt=pb.add_generation_prompt if pb.HasField("add_generation_prompt") else True,
         chat_template=pb.chat_template if pb.HasField("chat_template") else None,
-        template_kwargs=template_arguments(kwargs, documents, effort),
+        template_kwargs=template_arguments(kwargs, documents, effort, checked_tools(_tools(pb))),
         continue_final_message=pb.continue_final_message,
         add_special_tokens=pb.add_special_tokens,
         mm_processor_kwargs=struct_from_pb(pb.mm_processor_kwargs) if pb.HasField("mm_processor_kwargs") else {},
     )
+
+
+def _tools(pb: preprocessor_pb2.ChatRequest) -> list[dict[str, Any]]:
+    return [struct_from_pb(t) for t in pb.tools]
+
+
+def tools_from_pb(pb: preprocessor_pb2.ChatRequest, settings: ToolSettings) -> ToolRequest | None:
+    """The same ToolRequest as the same request on the HTTP face (http/convert.tools_from_http)."""
+    choice = _whole(json_format.MessageToDict(pb.tool_choice)) if pb.HasField("tool_choice") else None
+    parallel = pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else None
+    return tool_request(_tools(pb), choice, parallel, settings)
 
 
 def prompt_from_pb(pb: preprocessor_pb2.CompleteRequest, streamed: Streamed | None = None) -> list[PromptPart]:

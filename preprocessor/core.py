@@ -24,7 +24,9 @@ from preprocessor.request_bounds import check_conversation, check_prompt, check_
 from preprocessor.stream import EngineBackend, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
+from preprocessor.tools.parsers import get_parser
 from splice.errors import InvalidArgument
+from splice.grammar import check as check_grammar
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS, check_ids
@@ -83,6 +85,8 @@ class PreprocessorCore:
         self.files = files
         self.info = info
         self.limits = limits or Limits()
+        # --tool-call-parser: finds the calls in an answer to tool_choice "auto" (preprocessor/tools/)
+        self.tool_parser = get_parser(self.limits.tool_call_parser) if self.limits.tool_call_parser else None
         self._engine = engine
         self._token_text: dict[int, str] = {}  # token_texts' cache
         self._own_sandbox = sandbox is None and self.limits.trust_request_chat_template
@@ -136,6 +140,7 @@ class PreprocessorCore:
         contacted."""
         arrival = time.perf_counter()
         self.check_conversation(conv)
+        _check_structured(sampling)
         _check_prompt_logprobs(sampling, conv.parts(Embeds))
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
@@ -158,6 +163,7 @@ class PreprocessorCore:
             raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
         for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
             check_prompt(prompt, self.info, self.files, self.limits)
+        _check_structured(sampling)
         _check_prompt_logprobs(sampling, [p for prompt in prompts for p in prompt if isinstance(p, Embeds)])
         embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
         if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
@@ -256,6 +262,13 @@ class PreprocessorCore:
 
     def model_info(self) -> ModelInfo:
         return self.info
+
+
+def _check_structured(sampling: SamplingParams) -> None:
+    """A structured output's spec parses (splice/grammar.py; a recent one is not parsed again): a bad schema, regex
+    or grammar is refused before the engine is contacted. The engine compiles it for its tokenizer."""
+    if sampling.structured is not None:
+        check_grammar(sampling.structured)
 
 
 def _check_prompt_logprobs(sampling: SamplingParams, embeds: Sequence[Embeds]) -> None:

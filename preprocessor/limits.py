@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from preprocessor.sentinel import MAX_EMBEDS_PARTS
+from preprocessor.tools.request import ToolSettings
 
 MiB = 1 << 20
 
@@ -32,8 +33,17 @@ class Limits:
     upload_idle_timeout: float = 30.0  # seconds an Upload stream may stay silent before it is abandoned
     # image_embeds parts (precomputed image features) are refused unless this is set (vLLM's --enable-mm-embeds)
     enable_mm_embeds: bool = False
+    # tool calling (vLLM's flags): the parser that finds calls in an answer, and whether tool_choice "auto" (the
+    # default with tools) is served; without it only "none", "required" and a named function are
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+
+    @property
+    def tools(self) -> ToolSettings:
+        return ToolSettings(self.tool_call_parser, self.enable_auto_tool_choice)
 
     def __post_init__(self) -> None:
+        self.tools  # noqa: B018 (ValueError for a parser there is not, or auto without one)
         for name in ("max_image_bytes", "max_image_pixels", "max_image_side", "max_image_aspect_ratio", "max_images",
                      "max_request_image_pixels", "max_embeds_bytes", "max_embeds_parts", "max_prompts",
                      "chat_template_workers", "max_chat_template_bytes"):

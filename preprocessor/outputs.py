@@ -25,6 +25,9 @@ class GenerationChunk:
     # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk (of choice 0 when n > 1)
     prompt_logprobs: PromptLogprobs | None = None
     index: int = 0  # which of the request's n choices (SamplingParams.n) it belongs to
+    # a Chat with tools: call pieces in OpenAI's streamed shape ({"index", "id", "type", "function": {"name",
+    # "arguments"}}; later pieces of an index only add arguments), preprocessor/tools/answer.py
+    tool_calls: tuple[dict, ...] = ()
 
     @property
     def final(self) -> bool:
@@ -45,6 +48,10 @@ class GenerationChunk:
         plp = prompt_logprobs or self.prompt_logprobs
         if plp is not None:
             pb.prompt_logprobs.CopyFrom(plp.to_pb())
+        for call in self.tool_calls:
+            function = call.get("function", {})
+            pb.tool_calls.add(index=call["index"], id=call.get("id", ""), name=function.get("name", ""),
+                              arguments=function.get("arguments", ""))
         return pb
 
     def to_pbs(self) -> list[preprocessor_pb2.GenerationChunk]:

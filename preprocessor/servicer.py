@@ -9,9 +9,11 @@ from contextlib import aclosing
 import grpc
 
 from preprocessor.admission import Admission, Ticket
-from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb
+from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb, tools_from_pb
 from preprocessor.core import PreprocessorCore
 from preprocessor.request_bounds import check_counts_only
+from preprocessor.tools.answer import tool_chunks
+from preprocessor.tools.choice import constrain, constraint_for
 from preprocessor.upload import UploadAssembler
 from splice.errors import DeadlineExceeded, InvalidArgument
 from splice.sampling import SamplingParams
@@ -48,10 +50,12 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Chat(self, request: preprocessor_pb2.ChatRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
+        tools = tools_from_pb(request, core.limits.tools)
         conv = _conversation(core, request)
-        sampling = SamplingParams.from_pb(request.sampling)
+        sampling = constrain(SamplingParams.from_pb(request.sampling), constraint_for(tools))
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
-        async with aclosing(core.chat(conv, sampling, request.request_id)) as chunks:
+        async with aclosing(tool_chunks(core.chat(conv, sampling, request.request_id), tools,
+                                        core.tool_parser)) as chunks:
             async for chunk in chunks:
                 for pb in chunk.to_pbs():
                     yield pb
@@ -91,7 +95,10 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             request, streamed = upload.finish()
             sampling = SamplingParams.from_pb(request.sampling)
             if isinstance(request, preprocessor_pb2.ChatRequest):
-                chunks = core.chat(_conversation(core, request, streamed), sampling, request.request_id)
+                tools = tools_from_pb(request, core.limits.tools)
+                sampling = constrain(sampling, constraint_for(tools))
+                chunks = tool_chunks(core.chat(_conversation(core, request, streamed), sampling, request.request_id),
+                                     tools, core.tool_parser)
             else:
                 chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id,
                                        add_special_tokens_from_pb(request))

@@ -70,6 +70,23 @@ def content_format(template: str) -> str:
     return OPENAI if any(_iterates_content(f.iter, aliases) for f in ast.find_all(nodes.For)) else STRING
 
 
+@lru_cache(maxsize=32)
+def reads_tools(template: str) -> bool:
+    """Whether the template reads a `tools` variable at all: one that does not would drop a request's tools."""
+    try:
+        ast = _environment(template).parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise InvalidArgument(f"chat template has a syntax error: {exc}") from None
+    return any(n.name == "tools" and n.ctx == "load" for n in ast.find_all(nodes.Name))
+
+
+def check_renders_tools(template: str, variables: dict[str, Any]) -> None:
+    """Tools for a template that never reads them are refused (vLLM would render the prompt without them)."""
+    if variables.get("tools") and not reads_tools(template):
+        raise InvalidArgument("tools: this chat template does not render tools (it never reads `tools`); use a "
+                              "model or chat_template that does")
+
+
 def template_messages(conv: Conversation, fmt: str, image_placeholder: str | None, sentinels: Sentinels,
                       ) -> list[dict[str, Any]]:
     """The conversation as the template sees it: the k-th prompt_embeds part -> sentinels.text(k), images (and
@@ -101,7 +118,7 @@ def template_messages(conv: Conversation, fmt: str, image_placeholder: str | Non
                     pieces.append(image_placeholder)
                 prev_text = isinstance(p, Text)
             content = "".join(pieces)
-        out.append({"role": msg.role, "content": content})
+        out.append({"role": msg.role, "content": content, **msg.fields})
     return out
 
 
@@ -151,6 +168,7 @@ def render(tokenizer, template: str | None, conv: Conversation, image_placeholde
     if not template:
         raise FailedPrecondition("the model has no chat template; pass chat_template or use Complete")
     _check_kwargs(conv)
+    check_renders_tools(template, conv.template_kwargs)
     messages = template_messages(conv, content_format(template), image_placeholder, sentinels)
     try:
         prompt = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,

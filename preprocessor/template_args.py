@@ -29,10 +29,13 @@ def _documents(documents: Sequence[Any]) -> list[dict[str, str]]:
 
 
 def template_arguments(chat_template_kwargs: Mapping[str, Any] | None, documents: Sequence[Any] | None,
-                       reasoning_effort: str | None) -> dict[str, Any]:
+                       reasoning_effort: str | None, tools: Sequence[Any] | None = None) -> dict[str, Any]:
     """chat_template_kwargs, then the request's own template arguments where set (vLLM's merge: those win):
-    `documents`, and `reasoning_effort` (which also turns thinking on or off unless chat_template_kwargs says)."""
+    `tools` (checked: preprocessor/tools/request.checked_tools), `documents`, and `reasoning_effort` (which also
+    turns thinking on or off unless chat_template_kwargs says)."""
     kwargs = dict(chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = list(tools)
     if documents is not None:
         kwargs["documents"] = _documents(documents)
     if reasoning_effort is not None:

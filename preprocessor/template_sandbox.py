@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from preprocessor.template import RenderJob, content_format
+from preprocessor.template import RenderJob, check_renders_tools, content_format
 from splice.errors import InvalidArgument, ResourceExhausted, SpliceError, Unavailable, error_with_code
 
 log = logging.getLogger(__name__)
@@ -360,6 +360,7 @@ def _answer(job: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
+        check_renders_tools(job["template"], job["variables"])
         fmt = content_format(job["template"])
         messages = job["messages"].get(fmt)
         if isinstance(messages, str):  # the conversation cannot take this format: the reason

@@ -26,4 +26,11 @@ else
 fi
 echo "setup: installing splice and its dependencies ... log: $log"
 pip_install -e ".[test]"
+# xgrammar asks for triton on Linux x86_64; only a CUDA torch uses it, and beside a CPU torch it prints a
+# nanobind leak report at every exit that imports torch._dynamo: a CPU torch's venv goes without it.
+if "$VENV/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" 2>/dev/null \
+   && "$VENV/bin/python" -m pip show triton >/dev/null 2>&1; then
+  echo "setup: removing triton (xgrammar asks for it; a CPU torch never uses it)"
+  "$VENV/bin/python" -m pip uninstall -y triton >>"$log" 2>&1
+fi
 echo "setup: done ($VENV/bin/splice)"

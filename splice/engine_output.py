@@ -14,12 +14,14 @@ class FinishReason(enum.StrEnum):
 
     STOP = "stop"  # EOS, a stop token ID or a stop string
     LENGTH = "length"  # max_tokens reached or the context (max_model_len) is full
+    TOOL_CALLS = "tool_calls"  # the preprocessor's, for a Chat answer that is tool calls; never the engine's
     ABORT = "abort"  # the client cancelled; engine-internal, the stream ends with CANCELLED
     ERROR = "error"  # the request failed inside the engine; engine-internal, the stream ends with an error status
 
     @property
     def on_wire(self) -> bool:
-        """Only STOP and LENGTH travel in messages; ABORT and ERROR end a stream with a status instead."""
+        """STOP, LENGTH (and the preprocessor's TOOL_CALLS) travel in messages; ABORT and ERROR end a stream with a
+        status instead."""
         return self in _TO_PB
 
     def to_pb(self) -> common_pb2.FinishReason:
@@ -33,7 +35,8 @@ class FinishReason(enum.StrEnum):
         return _FROM_PB.get(pb)
 
 
-_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
+_TO_PB = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP, FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+          FinishReason.TOOL_CALLS: common_pb2.FINISH_REASON_TOOL_CALLS}
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
 
 

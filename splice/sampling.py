@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from splice.errors import InvalidArgument
+from splice.structured_output import StructuredOutput
 from splice.v1 import common_pb2
 
 # Stop strings are matched on every decoded delta; a bound keeps that cheap and the request small.
@@ -43,6 +44,13 @@ LOGIT_BIAS_RANGE = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range
 # checked against each row's output at every step; vLLM's default cap (VLLM_MAX_NUM_BAD_WORDS) is the same.
 MAX_BAD_WORDS = 128
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
+# A structured output's spec (schema, regex, grammar, choices), in characters: compile time and memory grow with it,
+# and a request is refused above it before anything is parsed or compiled.
+MAX_STRUCTURED_SPEC = 64 * 1024
+# The engine refuses a structured output whose grammar takes longer than this to compile (--structured-compile-timeout;
+# ordinary schemas compile in well under a second).
+DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S = 10.0
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 def _pairs(bias: Mapping[int, float] | tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
@@ -83,6 +91,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # with logprobs: the logprobs of exactly these tokens at each step, instead of the top_logprobs most likely
     logprob_token_ids: tuple[int, ...] = ()
+    # --- structured outputs (vLLM's; splice/grammar.py compiles them, engine/grammar_masks.py applies them) ---
+    structured: StructuredOutput | None = None  # the output follows this grammar; None = free text
     # choices from the one prompt, [1, 128]: prefilled once, then n sequences; with a seed, choice i samples with
     # seed + i (vLLM's parallel sampling), so it equals a request of n = 1 with that seed (`choice`)
     n: int = 1
@@ -121,6 +131,7 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             _check_range("prompt_logprobs", self.prompt_logprobs)
         self._check_logprob_token_ids()
+        self._check_structured()
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -PENALTY_RANGE <= value <= PENALTY_RANGE:  # (NaN fails every comparison)
@@ -153,6 +164,19 @@ class SamplingParams:
             if not ids or any(not 0 <= t <= INT32_MAX for t in ids):
                 raise InvalidArgument(f"sampling.bad_words_token_ids[{i}] must be nonempty token IDs >= 0, got "
                                       f"{list(ids)}")
+
+    def _check_structured(self) -> None:
+        so = self.structured
+        if so is None:
+            return
+        if so.kind not in STRUCTURED_KINDS:
+            raise InvalidArgument(f"sampling.structured.kind must be one of {', '.join(STRUCTURED_KINDS)}, got "
+                                  f"{so.kind!r}")
+        if len(so.spec) > MAX_STRUCTURED_SPEC:
+            raise InvalidArgument(f"sampling.structured ({so.kind}) is {len(so.spec)} characters; at most "
+                                  f"{MAX_STRUCTURED_SPEC}")
+        if so.kind != "json_object" and not so.spec.strip():
+            raise InvalidArgument(f"sampling.structured ({so.kind}) needs a spec")
 
     def _check_logprob_token_ids(self) -> None:
         ids = self.logprob_token_ids
@@ -226,6 +250,7 @@ class SamplingParams:
             include_stop_str_in_output=pb.include_stop_str_in_output,
             prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
             logprob_token_ids=tuple(pb.logprob_token_ids),
+            structured=_structured_from_pb(pb.structured) if pb.HasField("structured") else None,
             n=pb.n if pb.HasField("n") else 1,
         )
 
@@ -253,6 +278,9 @@ class SamplingParams:
         )
         if self.prompt_logprobs is not None:
             pb.prompt_logprobs = self.prompt_logprobs
+        if self.structured is not None:
+            pb.structured.CopyFrom(common_pb2.StructuredOutput(kind=f"KIND_{self.structured.kind.upper()}",
+                                                               spec=self.structured.spec))
         if self.seed is not None:
             pb.seed = self.seed
         if self.max_tokens is not None:
@@ -268,3 +296,12 @@ def _check_range(name: str, value: int, index: str = "") -> None:
     low, high = INT_RANGES[name]
     if not low <= value <= high:
         raise InvalidArgument(f"sampling.{name}{index} must be in [{low}, {high}], got {value}")
+
+
+def _structured_from_pb(pb: common_pb2.StructuredOutput) -> StructuredOutput:
+    names = dict(common_pb2.StructuredOutput.Kind.items())
+    name = next((n.removeprefix("KIND_").lower() for n, v in names.items() if v == pb.kind and v), None)
+    if name is None:  # unset, or a kind from a newer proto
+        raise InvalidArgument(f"sampling.structured.kind must be one of {', '.join(STRUCTURED_KINDS)}, got "
+                              f"enum value {pb.kind}")
+    return StructuredOutput(name, pb.spec)  # type: ignore[arg-type]  (the enum's names are the Kind literals)

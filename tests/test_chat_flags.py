@@ -42,16 +42,30 @@ def test_every_control_flag_reaches_sampling_params():
     assert p.prompt_logprobs == 0 and p.logprob_token_ids == (4, 5) and p.logprobs  # (the list implies logprobs)
 
 
+def test_structured_output_flags_reach_the_request():
+    from splice.v1 import common_pb2
+
+    pb = chat_request([], **_sampling("--structured-outputs", '{"choice": ["yes", "no"]}')).sampling.structured
+    assert pb.kind == common_pb2.StructuredOutput.KIND_CHOICE and pb.spec == '["yes", "no"]'
+    pb = chat_request([], **_sampling("--response-format", '{"type": "json_object"}')).sampling.structured
+    assert pb.kind == common_pb2.StructuredOutput.KIND_JSON_OBJECT
+
+
 def test_every_chat_field_flag_reaches_the_chat_request():
     fields = chat_fields(_args("--continue-final-message", "--add-special-tokens", "--documents",
                                '[{"title": "Moon", "text": "rock"}]', "--reasoning-effort", "low",
                                "--chat-template-kwargs", '{"enable_thinking": false}',
-                               "--mm-processor-kwargs", '{"max_pixels": 1024}'))
+                               "--mm-processor-kwargs", '{"max_pixels": 1024}', "--tools",
+                               '[{"type": "function", "function": {"name": "f"}}]', "--tool-choice", "f",
+                               "--no-parallel-tool-calls"))
     req = chat_request([{"role": "user", "content": "Hi"}], **fields)
     assert req.continue_final_message and not req.add_generation_prompt and req.add_special_tokens
     assert [dict(d) for d in req.documents] == [{"title": "Moon", "text": "rock"}]
     assert req.reasoning_effort == "low" and req.chat_template_kwargs["enable_thinking"] is False
     assert req.mm_processor_kwargs["max_pixels"] == 1024
+    assert [dict(t)["function"]["name"] for t in req.tools] == ["f"] and req.parallel_tool_calls is False
+    assert req.tool_choice.struct_value["function"]["name"] == "f"
+    assert chat_request([], **chat_fields(_args("--tool-choice", "required"))).tool_choice.string_value == "required"
 
 
 @pytest.mark.parametrize(("flags", "needle"), [

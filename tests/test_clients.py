@@ -55,7 +55,8 @@ VLLM_SAMPLING = {"temperature": 0.5, "top_p": 0.75, "top_k": 5, "seed": 7, "max_
 
 
 def test_every_sampling_field_reaches_the_request_by_vllms_name():
-    settable = {f.name for f in common_pb2.SamplingParams.DESCRIPTOR.fields} - {"bad_words_token_ids"}
+    # (structured: set by vLLM's structured-output fields, test_structured_outputs_reach_the_request_by_vllms_names)
+    settable = {f.name for f in common_pb2.SamplingParams.DESCRIPTOR.fields} - {"bad_words_token_ids", "structured"}
     assert set(VLLM_SAMPLING) == settable  # (a new field joins this test)
     pb = chat_request([{"role": "user", "content": "hi"}], **VLLM_SAMPLING).sampling
     for name, value in VLLM_SAMPLING.items():
@@ -104,6 +105,32 @@ def test_complete_takes_the_content_part_and_prompt_embeds_forms():
     assert req.prompt[1].prompt_embeds.torch_base64 == "AAAA"
     with pytest.raises(TypeError, match="images need Chat"):
         complete_request([pp.ContentPart(image=pp.ImageInput(data=b"x"))])
+
+
+def test_structured_outputs_reach_the_request_by_vllms_names():
+    from splice.structured_output import StructuredOutput
+
+    def sent(**fields):
+        pb = chat_request([{"role": "user", "content": "hi"}], **fields).sampling.structured
+        return common_pb2.StructuredOutput.Kind.Name(pb.kind), pb.spec
+
+    assert sent(structured_outputs={"regex": "a+"}) == ("KIND_REGEX", "a+")
+    assert sent(guided_choice=["x", "y"]) == ("KIND_CHOICE", '["x", "y"]')
+    assert sent(response_format={"type": "json_object"}) == ("KIND_JSON_OBJECT", "")
+    assert sent(structured=StructuredOutput("grammar", 'root ::= "a"')) == ("KIND_GRAMMAR", 'root ::= "a"')
+    assert not chat_request([]).sampling.HasField("structured")
+
+
+@pytest.mark.parametrize("sampling", [{"guided_regex": "a", "guided_json": {}}, {"guided_choice": []},
+                                      {"response_format": {"type": "xml"}}])
+def test_bad_structured_fields_are_the_client_error_the_server_gives(sampling):
+    import grpc
+
+    from clients import SpliceClientError
+
+    with pytest.raises(SpliceClientError) as err:
+        chat_request([{"role": "user", "content": "hi"}], **sampling)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and next(iter(sampling)) in err.value.details
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"max_tokens": 0}])

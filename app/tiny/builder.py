@@ -41,7 +41,9 @@ MARKER = "splice_tiny.json"
 
 
 def model_dir(name: str, seed: int = DEFAULT_SEED) -> Path:
-    return cache_root() / f"{name}-v{BUILDER_VERSION}-s{seed}"
+    spec = TINY_MODELS.get(name)
+    revised = f"-r{spec.revision}" if spec is not None and spec.revision else ""
+    return cache_root() / f"{name}{revised}-v{BUILDER_VERSION}-s{seed}"
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,15 @@ class TinyModel:
     headroom: bool = False
     # Trained (app/tiny/train.py) rather than random: its answers mean something on its task.
     trained: bool = False
+    # Bumped when this model's own files change (its template, say): its folder name carries it, so only it is
+    # rebuilt, not every tiny model as a BUILDER_VERSION bump would. 1: tiny-text's template renders tools.
+    revision: int = 0
 
 
 TINY_MODELS: dict[str, TinyModel] = {
     m.name: m
     for m in (
-        TinyModel("tiny-text", "text", text.build_text),
+        TinyModel("tiny-text", "text", text.build_text, revision=1),
         TinyModel("tiny-text-bos", "text", text.build_text_bos),  # its tokenizer adds a BOS (Llama 3, Gemma)
         TinyModel("tiny-llava", "llava", llava.build_llava),
         TinyModel("tiny-idefics3", "idefics3", idefics3.build_idefics3),

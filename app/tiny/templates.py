@@ -13,6 +13,44 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Hermes / Qwen2.5 style tool calling on ChatML (tiny-text's): with `tools`, a system turn (the caller's system
+# text first) lists them as JSON in <tools></tools> and asks for <tool_call>{"name", "arguments"}</tool_call>; an
+# assistant turn writes its tool_calls so, a tool's reply is a user turn in <tool_response></tool_response>.
+# Without tools (and tool turns) it renders exactly as CHATML.
+HERMES_CHATML = (
+    "{%- set skip_first = tools and messages and messages[0]['role'] == 'system' -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if skip_first -%}"
+    "{%- if messages[0]['content'] is string -%}{{ messages[0]['content'] }}"
+    "{%- else -%}{%- for part in messages[0]['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}{{ '\\n\\n' }}"
+    "{%- endif -%}"
+    "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools -%}{{ '\\n' + (tool | tojson) }}{%- endfor -%}"
+    "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if not (loop.first and skip_first) -%}"
+    "{%- if message['role'] == 'tool' -%}{{ '<|im_start|>user\\n<tool_response>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + message['role'] + '\\n' }}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'tool' -%}{{ '\\n</tool_response>' }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{{ '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' + "
+    "(call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
 # Llama 3 style: the template writes the BOS itself (its tokenizer also adds one to plain text), ChatML turns.
 BOS_CHATML = "{{ bos_token }}" + CHATML
 

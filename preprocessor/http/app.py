@@ -34,6 +34,7 @@ from preprocessor.http.schemas import (
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from preprocessor.request_bounds import check_counts_only
+from preprocessor.tools.choice import constrain, constraint_for
 from splice.errors import NotFound
 from splice.sampling import SamplingParams
 
@@ -110,7 +111,8 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, body.model)
-        sampling = convert.chat_sampling(body)
+        tools = convert.tools_from_http(body, core.limits.tools)
+        sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
         convert.check_served(body)
         conv = await _conversation(core, body, options)
         sampling = convert.conversation_prompt_logprobs(body, conv, sampling)
@@ -120,7 +122,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
                           prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                           listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
-                          echo=convert.echoed(body))
+                          echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
         if not body.stream:
             _charge_whole_answer(core, prepared, shape, sampling)
         chunks = core.generate(prepared)

@@ -37,9 +37,13 @@ from preprocessor.http.schemas import (
     TokenizeChatRequest,
 )
 from preprocessor.template_args import template_arguments
+from preprocessor.tools.request import ToolRequest, ToolSettings, checked_tools, message_fields, tool_request
 from splice.errors import InvalidArgument
+from splice.grammar import check as check_grammar
 from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS
 from splice.sampling import INT_RANGES, SamplingParams
+from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
+from splice.structured_fields import structured_from_fields
 
 # A prompt_embeds string with this prefix carries a safetensors file (base64) instead of vLLM's torch.save.
 SAFETENSORS_MARKER = "safetensors:"
@@ -101,10 +105,11 @@ def _part(part: object, where: Where) -> Part:
 
 
 def message_from_http(msg: ChatMessage, index: int) -> Message:
+    fields = message_fields(msg.tool_calls, msg.tool_call_id, msg.name, index)
     if msg.content is None or isinstance(msg.content, str):
-        return Message(msg.role, (Text(msg.content or "", Where(index, 0)),), True, index)
+        return Message(msg.role, (Text(msg.content or "", Where(index, 0)),), True, index, fields)
     parts = tuple(_part(p, Where(index, i)) for i, p in enumerate(msg.content))
-    return Message(msg.role, parts, False, index)
+    return Message(msg.role, parts, False, index, fields)
 
 
 def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
@@ -112,11 +117,16 @@ def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) ->
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
-        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort),
+        template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort,
+                                           checked_tools(body.tools)),
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
         mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),
     )
+
+
+def tools_from_http(body: ChatCompletionRequest, settings: ToolSettings) -> ToolRequest | None:
+    return tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, settings)
 
 
 def answer_role(body: ChatCompletionRequest) -> str:
@@ -163,15 +173,26 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,), "best_of": (1,), "use_beam_search": (False,), "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
-    "logits_processors": (), "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "tools": ([],),
-    "tool_choice": ("none", "auto"),  # (with no tools, "auto" picks none)
-    "functions": ([],), "function_call": ("none", "auto"),
+    "logits_processors": (),
+    "functions": ([],), "function_call": ("none", "auto"),  # (OpenAI's deprecated form of tools: send tools)
 }
 
 
 def _off(name: str, body: GenerationFields) -> tuple[Any, ...]:
     return (body.n,) if name == "best_of" else UNHONOURED[name]
+
+
+# Chat's tool fields, which /v1/completions has no place for (vLLM's CompletionRequest has none): refused there as
+# UNHONOURED fields are, at the values that ask for something.
+CHAT_ONLY: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": ()}
+
+
+def _refuse(extra: dict[str, Any], fields: dict[str, tuple[Any, ...]], where: str = "") -> None:
+    for name, off in fields.items():
+        value = extra.get(name)
+        if value is not None and value not in off:
+            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
+            raise InvalidArgument(f"{name} is not supported{where}; {leave}, got {value!r}")
 
 
 def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_logprobs: int,
@@ -180,13 +201,10 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
     low, high = INT_RANGES["n"]
     if not low <= body.n <= high:
         raise InvalidArgument(f"n must be in [{low}, {high}] (OpenAI's range), got {body.n}")
-    for name in UNHONOURED:
-        value, off = (body.model_extra or {}).get(name), _off(name, body)
-        if value is not None and value not in off:
-            leave = f"leave it {off[0]!r} or unset" if off else "leave it unset"
-            raise InvalidArgument(f"{name} is not supported; {leave}, got {value!r}")
+    _refuse(body.model_extra or {}, {name: _off(name, body) for name in UNHONOURED})
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(
+    asked = structured_from_fields({name: getattr(body, name) for name in STRUCTURED_FIELDS})
+    params = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
@@ -207,9 +225,13 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         allowed_token_ids=tuple(body.allowed_token_ids or ()),
         bad_words=tuple(body.bad_words or ()),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        structured=asked[1] if asked else None,
         n=body.n,
         **controls,
     )
+    if asked:  # (after SamplingParams' size cap) parsed now, so that a bad spec is a 400 naming its field
+        check_grammar(asked[1], asked[0])
+    return params
 
 
 def _check_prompt_logprobs(body: GenerationFields) -> None:
@@ -251,6 +273,7 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
     logprobs) replace the `logprobs` most likely."""
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
+    _refuse(body.model_extra or {}, CHAT_ONLY, " on /v1/completions (tools are chat's: /v1/chat/completions)")
     embeds = body.prompt_embeds is not None and body.prompt_embeds != []
     if body.echo and embeds:
         raise InvalidArgument("echo is not supported with prompt_embeds (vLLM's rule: they have no text)")
@@ -276,8 +299,8 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
 # vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not
 # implement: field -> the values (besides unset and null) that leave it off. Any other value is refused, naming
 # the field, rather than the request served without it. Fields with no effect on what is served pass: `user`
-# (vLLM ignores it too), `session_id` (routing), and without tools or a reasoning parser `parallel_tool_calls`
-# and `include_reasoning` (vLLM's have no effect either). Listed against vLLM's own field lists by
+# (vLLM ignores it too), `session_id` (routing), and without a reasoning parser `include_reasoning` (vLLM's has no
+# effect either). Listed against vLLM's own field lists by
 # tests/preprocessor/test_vllm_fields.py.
 NOT_SERVED: dict[str, tuple[Any, ...]] = {
     "cache_salt": (),  # until the prefix cache honours it

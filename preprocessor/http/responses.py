@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from preprocessor.http.logprobs import clamp, completion_logprobs, output_steps, prompt_logprobs_json, prompt_steps
 from preprocessor.outputs import GenerationChunk
+from preprocessor.tools.answer import ToolAnswer
+from preprocessor.tools.parsers import ToolParser
+from preprocessor.tools.request import ToolRequest
 from splice.engine_output import Usage
 from splice.prompt_logprobs import PromptLogprobs
 
@@ -59,6 +62,7 @@ class Collected:
 
     def joined(self) -> GenerationChunk:
         return GenerationChunk("".join(self.text), tuple(self.token_ids), tuple(self.logprobs),
+                               finish_reason=self.last.finish_reason if self.last else None,
                                top_ids=tuple(self.top_ids), top_logprobs=tuple(self.top_logprobs),
                                prompt_logprobs=self.prompt_logprobs)
 
@@ -149,7 +153,8 @@ class Shape:
         for i, c in enumerate(collected):
             last = c.last
             choice = self._whole_choice(i, self._note(i, c.joined()))
-            choice.update(finish_reason=_reason(last), stop_reason=(last.stop_reason or None) if last else None)
+            choice.update(finish_reason=self._finish_reason(i, last),
+                          stop_reason=(last.stop_reason or None) if last else None)
             choices.append(choice)
         body = self._envelope(self.object_name, choices)
         body["usage"] = usage_json(total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)},
@@ -161,11 +166,12 @@ class Shape:
         echoing = self.echo_prompts is not None and index not in self._opened
         if chunk.prompt_logprobs is not None:  # (choice 0's first chunk: before its prompt's other choices' first)
             self._prompt_logprobs[index // self.n] = chunk.prompt_logprobs
-        if not chunk.text and not chunk.final and not (self.logprobs and chunk.logprobs) and \
+        if not self._carries_text(index, chunk) and not chunk.final and not (self.logprobs and chunk.logprobs) and \
                 not (self.return_token_ids and chunk.token_ids) and not echoing:
             return None
         choice = self._delta_choice(index, self._note(index, chunk) if echoing else chunk)
-        choice.update(finish_reason=_reason(chunk), stop_reason=(chunk.stop_reason or None) if chunk.final else None)
+        choice.update(finish_reason=self._finish_reason(index, chunk),
+                      stop_reason=(chunk.stop_reason or None) if chunk.final else None)
         if self.return_token_ids:
             choice["token_ids"] = list(chunk.token_ids)
         first = index not in self._opened
@@ -175,6 +181,12 @@ class Shape:
         if self.include_usage:
             body["usage"] = None
         return body
+
+    def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
+        return bool(chunk.text)
+
+    def _finish_reason(self, index: int, chunk: GenerationChunk | None) -> str | None:
+        return _reason(chunk)
 
     def _stream_extras(self, body: dict, index: int, first: bool) -> None:
         """vLLM's completions put a choice's prompt_token_ids on its first chunk."""
@@ -242,6 +254,11 @@ class Shape:
 class ChatShape(Shape):
     role: str = "assistant"  # vLLM's: the last message's role when no generation prompt is added
     echo: str = ""  # `echo`: the last message's text, which the answer continues
+    # a request with tools: each choice's answer goes through a ToolAnswer (preprocessor/tools/answer.py)
+    tools: ToolRequest | None = None
+    tool_parser: ToolParser | None = None
+    _answers: dict[int, ToolAnswer] = field(default_factory=dict)
+    _deltas: dict[int, tuple[dict, str | None]] = field(default_factory=dict)  # this chunk's, by choice
 
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
@@ -295,19 +312,44 @@ class ChatShape(Shape):
             tops = [[(text[i], clamp(v)) for i, v in items] for _, _, items in steps]
         else:
             tops = self._tops(piece)
-        content = [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                    "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in alts]}
+        # (clamped: a structured output's mask leaves -inf alternatives, which JSON cannot hold)
+        content = [{"token": t, "logprob": clamp(lp), "bytes": list(t.encode()),
+                    "top_logprobs": [{"token": a, "logprob": clamp(alp), "bytes": list(a.encode())}
+                                     for a, alp in alts]}
                    for t, lp, alts in zip(self.token_texts(piece.token_ids), piece.logprobs, tops, strict=False)]
         return {"content": content}
 
+    def _answer(self, index: int) -> ToolAnswer:
+        if index not in self._answers:
+            self._answers[index] = ToolAnswer(self.tools, self.tool_parser)  # type: ignore[arg-type]
+        return self._answers[index]
+
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
-        choice = {"index": index, "message": {"role": self.role, "content": self.echo + whole.text},
-                  "logprobs": self._logprobs(whole)}
+        message: dict = {"role": self.role, "content": self.echo + whole.text}
+        if self.tools is not None:
+            answer = self._answer(index).whole(whole.text, _reason(whole))
+            self._deltas[index] = ({}, answer.finish_reason)
+            content = answer.content if answer.content is None else self.echo + answer.content
+            message.update(content=content, tool_calls=[c.json() for c in answer.calls])
+        choice = {"index": index, "message": message, "logprobs": self._logprobs(whole)}
         if self.prompt_ids is not None:
             choice["token_ids"] = list(whole.token_ids)
         return choice
 
+    def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
+        if self.tools is None:
+            return bool(chunk.text)
+        self._deltas[index] = self._answer(index).delta(chunk.text, chunk.final, _reason(chunk))
+        return bool(self._deltas[index][0])
+
+    def _finish_reason(self, index: int, chunk: GenerationChunk | None) -> str | None:
+        if self.tools is None or index not in self._deltas:
+            return _reason(chunk)
+        return self._deltas[index][1]
+
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
+        if self.tools is not None:
+            return {"index": index, "delta": self._deltas[index][0], "logprobs": self._logprobs(chunk)}
         delta = {"content": chunk.text} if chunk.text else {}
         return {"index": index, "delta": delta, "logprobs": self._logprobs(chunk)}
 

@@ -140,6 +140,11 @@ ContentPart = Annotated[TextPart | ImageUrlPart | PromptEmbedsPart | ImageEmbeds
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
+    # an assistant turn's calls (OpenAI's shape; `arguments` a JSON string) and a tool's reply to one: the
+    # template gets them (arguments parsed, as vLLM's)
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -181,6 +186,14 @@ class GenerationFields(_Request):
     # prompt logprobs and chosen logprobs (vLLM's; convert.py applies their rules)
     prompt_logprobs: PromptLogprobsCount | None = None  # per prompt position: its token's logprob, rank, k most likely
     logprob_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_LOGPROB_TOKEN_IDS)
+    # structured outputs (OpenAI's, vLLM's and vLLM's legacy aliases): read, checked and refused when more than one
+    # is set by splice/structured_fields.py
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -199,6 +212,11 @@ class ChatCompletionRequest(GenerationFields):
     mm_processor_kwargs: dict[str, Any] | None = None  # preprocessor/mm_kwargs.py
     echo: bool = False  # the answer starts with the last message's text when it has the answer's role
     return_token_ids: bool | None = None  # prompt_token_ids on the response, token_ids on each choice
+    # tool calling (preprocessor/tools/): OpenAI's tool objects, rendered by the template's `tools`; "none" |
+    # "auto" | "required" | {"type": "function", "function": {"name": ...}}; false: the first call only
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(GenerationFields):
@@ -234,6 +252,7 @@ class TokenizeChatRequest(_Request):
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None  # rendered as ChatCompletionRequest's
 
 
 TokenizeRequest = TokenizeChatRequest | TokenizeCompletionRequest

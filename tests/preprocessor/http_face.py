@@ -36,10 +36,11 @@ class Face:
 @contextlib.asynccontextmanager
 async def http_face(tiny_dirs, tiny, name: str = "tiny-text", http: HttpOptions | None = None,
                     admission: Admission | None = None, limits: Limits | None = None,
-                    security: Security | None = None, **standin) -> AsyncIterator[Face]:
-    """`standin`: StandinEngine's options (forever, delay, abort)."""
+                    security: Security | None = None, answer: str = "All good.", **standin) -> AsyncIterator[Face]:
+    """`answer`: the text the stand-in engine generates (its tokens, then a length finish); `standin`:
+    StandinEngine's options (forever, delay, abort)."""
     files, info = tiny[name]
-    engine = StandinEngine(info, files.tokenizer("All good.", add_special_tokens=False)["input_ids"], **standin)
+    engine = StandinEngine(info, files.tokenizer(answer, add_special_tokens=False)["input_ids"], **standin)
     engine_server, engine_port = await start_standin(engine)
     options = http or HttpOptions(port=0)
     pre = PreprocessorServer(engine=f"127.0.0.1:{engine_port}", model=str(tiny_dirs[name]), poll_interval=0.1,

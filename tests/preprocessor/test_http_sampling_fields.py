@@ -13,10 +13,7 @@ from splice.errors import InvalidArgument
 ASKING = {  # a value of each field that asks for something
     "length_penalty": 0.8, "best_of": 2, "use_beam_search": True, "spaces_between_special_tokens": False,
     "truncate_prompt_tokens": 8,
-    "logits_processors": ["x"], "response_format": {"type": "json_object"},
-    "structured_outputs": {"json": {}}, "guided_json": {"type": "object"}, "guided_regex": "a+",
-    "guided_choice": ["a", "b"], "guided_grammar": "root ::= 'a'",
-    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+    "logits_processors": ["x"],
     "functions": [{"name": "f"}], "function_call": {"name": "f"},
 }
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -37,15 +34,25 @@ def test_a_field_that_asks_is_refused_by_name(name):
 
 def test_off_values_and_unset_fields_are_served():
     off = {name: values[0] for name, values in UNHONOURED.items() if values}
-    assert off["response_format"] == {"type": "text"} and off["tools"] == []
+    assert off["functions"] == []
     plain = chat_sampling(ChatCompletionRequest(messages=MESSAGES, temperature=0.0))
-    assert chat_sampling(ChatCompletionRequest(messages=MESSAGES, temperature=0.0, **off)) == plain
-    assert chat_sampling(ChatCompletionRequest(messages=MESSAGES, temperature=0.0, tool_choice="auto",
+    assert chat_sampling(ChatCompletionRequest(messages=MESSAGES, temperature=0.0, response_format={"type": "text"},
+                                               **off)) == plain
+    assert chat_sampling(ChatCompletionRequest(messages=MESSAGES, temperature=0.0, function_call="auto",
                                                presence_penalty=0.0, repetition_penalty=1.0, logit_bias={},
                                                bad_words=[], min_tokens=0, min_p=0.0)) == plain
     nulls = dict.fromkeys(UNHONOURED)
     assert completion_sampling(CompletionRequest(prompt="Hi", temperature=0.0, **nulls)) == \
         completion_sampling(CompletionRequest(prompt="Hi", temperature=0.0))
+
+
+@pytest.mark.parametrize(("name", "value"), [("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                           ("tool_choice", "required"), ("parallel_tool_calls", False)])
+def test_tool_fields_are_refused_on_completions(name, value):
+    with pytest.raises(InvalidArgument, match=f"^{name} is not supported on /v1/completions"):
+        completion_sampling(CompletionRequest(prompt="Hi", **{name: value}))
+    assert completion_sampling(CompletionRequest(prompt="Hi", tools=[], tool_choice="none")) == \
+        completion_sampling(CompletionRequest(prompt="Hi"))
 
 
 CONTROLS = {"presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2, "min_p": 0.05,

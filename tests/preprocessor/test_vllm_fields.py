@@ -43,7 +43,6 @@ INERT = {
     "user": "vLLM ignores it (its own comment: 'NOTE this will be ignored by vLLM')",
     "session_id": "routing and cache identity only",
     "include_reasoning": "acts through a reasoning parser; there is none (vLLM without --reasoning-parser: no effect)",
-    "parallel_tool_calls": "acts on tool calls; tools are refused",
 }
 ASKING = {  # a value of each NOT_SERVED field that asks for something
     "cache_salt": "tenant-a", "priority": 5, "thinking_token_budget": 64,

@@ -1,5 +1,6 @@
-"""tiny-text: a Llama decoder, served by the plain text family (engine/models/base.py); tiny-text-bos: the same
-with a tokenizer that adds a BOS, as Llama 3's and Gemma's do."""
+"""tiny-text: a Llama decoder, served by the plain text family (engine/models/base.py), with a Hermes-style template
+that renders tools (templates.HERMES_CHATML); tiny-text-bos: the same with ChatML and a tokenizer that adds a BOS,
+as Llama 3's and Gemma's do."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from app.tiny.tokenizer import build_tokenizer
 def build_text(out: Path, bos: bool = False) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = build_tokenizer([], templates.BOS_CHATML if bos else templates.CHATML)
+    tok = build_tokenizer([], templates.BOS_CHATML if bos else templates.HERMES_CHATML)
     if bos:
         _prepend_bos(tok)
     model = LlamaForCausalLM(LlamaConfig(**text_config_kwargs(tok)))

@@ -1,0 +1,145 @@
+"""A finished (or streaming) answer as the tool request makes it, vLLM's serving_chat semantics:
+- "auto": the parser's calls and the text outside them; finish_reason "tool_calls" when it found any;
+- a named function: the whole answer is that function's arguments (content ""; finish_reason as it finished,
+  "stop": OpenAI's for a named call);
+- "required": the answer is a JSON list of {"name", "parameters"}, each a call (content ""; finish_reason
+  "tool_calls" when it stopped; an answer that is not such a list, e.g. cut by max_tokens, stays content);
+- parallel_tool_calls false: the first call only.
+Streaming: content goes out as it comes until a call may start; from there the text is held, and the calls go
+out, each whole in one delta (index, id, type, name, arguments), when the answer finishes. A named function's
+arguments stream as they come, after a first delta with its id and name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from preprocessor.outputs import GenerationChunk
+from preprocessor.tools.calls import Extracted, ToolCall
+from preprocessor.tools.parsers import ToolParser
+from preprocessor.tools.request import ToolRequest
+from splice.engine_output import FinishReason
+
+TOOL_CALLS = "tool_calls"
+
+
+@dataclass(frozen=True)
+class Answer:
+    content: str | None
+    calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+
+
+# The JSON grammars (xgrammar's, as vLLM's) let a string hold raw control characters, which JSON forbids: a call's
+# arguments escape them, so that every client's JSON parser reads them. Outside strings the grammar writes none
+# (no free whitespace), so each one met is inside a string, and escaping it is local: it works on a stream too.
+_CONTROLS = {c: json.dumps(chr(c))[1:-1] for c in range(0x20)}
+
+
+def json_text(text: str) -> str:
+    """A constrained answer's JSON text with the control characters inside its strings escaped."""
+    return text.translate(_CONTROLS)
+
+
+def _required(text: str) -> Extracted:
+    try:
+        items = json.loads(text, strict=False)
+        calls = tuple(ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items)
+    except (ValueError, TypeError, KeyError):
+        return Extracted(text)
+    return Extracted("", calls) if calls else Extracted(text)
+
+
+@dataclass
+class ToolAnswer:
+    """One choice's answer under a tool request (`parser`: the server's, for "auto")."""
+
+    request: ToolRequest
+    parser: ToolParser | None = None
+    _text: str = ""
+    _sent: int = 0  # characters of _text sent as content (streaming)
+    _opened: bool = False  # a named call's first delta went out
+
+    def _extract(self, text: str) -> Extracted:
+        if self.request.choice == "auto" and self.parser is not None:
+            return self.parser.extract(text)
+        if self.request.choice == "required":
+            return _required(text)
+        if self.request.choice == "function":
+            return Extracted("", (ToolCall(self.request.name or "", json_text(text)),))
+        return Extracted(text)
+
+    def _calls(self, extracted: Extracted) -> tuple[ToolCall, ...]:
+        return extracted.calls[:1] if not self.request.parallel else extracted.calls
+
+    def _reason(self, extracted: Extracted, reason: str | None) -> str | None:
+        if not extracted.calls:
+            return reason
+        if self.request.choice == "auto" or (self.request.choice == "required" and reason == "stop"):
+            return TOOL_CALLS
+        return reason
+
+    def whole(self, text: str, reason: str | None) -> Answer:
+        extracted = self._extract(text)
+        return Answer(extracted.content, self._calls(extracted), self._reason(extracted, reason))
+
+    def delta(self, text: str, final: bool, reason: str | None) -> tuple[dict, str | None]:
+        """The chunk's delta (content and / or tool_calls; {} for nothing yet) and its finish_reason."""
+        self._text += text
+        if self.request.choice == "function":
+            return self._named_delta(text, final, reason)
+        if self.request.choice == "none" or (self.request.choice == "auto" and self.parser is None):
+            return ({"content": text} if text else {}), reason
+        out: dict = {}
+        if self.request.choice == "auto":
+            hold = self.parser.hold_from(self._text) if self.parser is not None else None
+            end = len(self._text) if hold is None else max(hold, self._sent)
+            if end > self._sent:
+                out["content"] = self._text[self._sent:end]
+                self._sent = end
+        if not final:
+            return out, reason
+        started = self.request.choice == "required" or (self.parser is not None and self.parser.started(self._text))
+        extracted = self._extract(self._text) if started else Extracted(self._text)
+        calls = self._calls(extracted)
+        if calls:
+            rest = (extracted.content or "")[self._sent:]
+            if rest:
+                out["content"] = out.get("content", "") + rest
+            out["tool_calls"] = [{"index": i, **c.json()} for i, c in enumerate(calls)]
+        elif len(self._text) > self._sent:  # held text that was no call after all
+            out["content"] = out.get("content", "") + self._text[self._sent:]
+        self._sent = len(self._text)
+        return out, self._reason(extracted, reason)
+
+    def _named_delta(self, text: str, final: bool, reason: str | None) -> tuple[dict, str | None]:
+        calls = []
+        if not self._opened:
+            self._opened = True
+            first = ToolCall(self.request.name or "", json_text(text))
+            calls.append({"index": 0, **first.json()})
+        elif text:
+            calls.append({"index": 0, "function": {"arguments": json_text(text)}})
+        return ({"tool_calls": calls} if calls else {}), reason
+
+
+async def tool_chunks(chunks: AsyncIterator[GenerationChunk], request: ToolRequest | None,
+                      parser: ToolParser | None) -> AsyncIterator[GenerationChunk]:
+    """The gRPC face's Chat stream under a tool request: each chunk's text as ToolAnswer.delta says (content held
+    while it may be a call), the calls on the final chunk with its finish reason. Without tools: as they come."""
+    answers: dict[int, ToolAnswer] = {}  # by choice (SamplingParams.n): their chunks interleave
+    async with contextlib.aclosing(chunks):  # closed with this one: a cancel reaches the engine call
+        async for chunk in chunks:
+            if request is None:
+                yield chunk
+                continue
+            answer = answers.setdefault(chunk.index, ToolAnswer(request, parser))
+            reason = chunk.finish_reason.value if chunk.finish_reason is not None else None
+            delta, reason = answer.delta(chunk.text, chunk.final, reason)
+            yield dataclasses.replace(chunk, text=delta.get("content", ""),
+                                      tool_calls=tuple(delta.get("tool_calls", ())),
+                                      finish_reason=FinishReason(reason) if reason is not None else None)

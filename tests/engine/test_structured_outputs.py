@@ -1,0 +1,165 @@
+"""Structured outputs through the engine on the random-weight tiny text model: sampled at temperature 1, every output
+follows its grammar and ends (stop, never length); a grammar compiling holds only its own request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+
+import jsonschema
+import pytest
+from transformers import AutoTokenizer
+
+from splice.engine_output import FinishReason
+from splice.errors import InvalidArgument
+from splice.structured_output import StructuredOutput
+from tests.engine.engine_factories import collect, random_ids, text_request, with_embed_span
+
+SCHEMA = {"type": "object", "properties": {
+    "colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer", "minimum": 0, "maximum": 99},
+    "ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 6}},
+    "required": ["colour", "count", "ok", "name"], "additionalProperties": False}
+# xgrammar's JSON strings (as vLLM's) admit raw control characters, which a random model's byte tokens produce and
+# json.loads refuses unless told not to be strict
+SAMPLED = dict(temperature=1.0, ignore_eos=False, max_tokens=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dirs):
+    return AutoTokenizer.from_pretrained(tiny_dirs["tiny-text"])
+
+
+async def _text(engine, tokenizer, so: StructuredOutput, seed: int, **sampling) -> tuple[str, FinishReason]:
+    ids, outs = await collect(engine, text_request(random_ids(8, seed), f"s{seed}", structured=so, seed=seed,
+                                                   **{**SAMPLED, **sampling}))
+    return tokenizer.decode(ids, skip_special_tokens=True), outs[-1].finish_reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_sampled_json_follows_its_schema_and_stops(text_engine, tokenizer, seed):
+    text, reason = await _text(text_engine, tokenizer, StructuredOutput("json", json.dumps(SCHEMA)), seed)
+    assert reason is FinishReason.STOP, text
+    jsonschema.validate(json.loads(text, strict=False), SCHEMA)
+
+
+async def test_json_object_choice_and_regex_outputs_match_exactly(text_engine, tokenizer):
+    choices = ["alpha", "beta gamma", 'say "hi"']
+    for seed in range(3):
+        text, reason = await _text(text_engine, tokenizer, StructuredOutput("choice", json.dumps(choices)), seed)
+        assert reason is FinishReason.STOP and text in choices
+        text, reason = await _text(text_engine, tokenizer, StructuredOutput("regex", r"[a-c]{2,4}-\d\d"), seed)
+        assert reason is FinishReason.STOP and re.fullmatch(r"[a-c]{2,4}-\d\d", text), text
+        text, reason = await _text(text_engine, tokenizer, StructuredOutput("grammar", 'root ::= "x" ("y" | "z")'),
+                                   seed)
+        assert reason is FinishReason.STOP and text in ("xy", "xz")
+
+
+async def test_a_constrained_row_beside_free_rows_in_one_batch(text_engine, tokenizer):
+    so = StructuredOutput("json", json.dumps(SCHEMA))
+    free = [text_request(random_ids(6, 40 + k), f"f{k}", temperature=1.0, seed=k, max_tokens=20) for k in range(3)]
+    results = await asyncio.gather(_text(text_engine, tokenizer, so, 7), *(collect(text_engine, r) for r in free))
+    text, reason = results[0]
+    assert reason is FinishReason.STOP
+    jsonschema.validate(json.loads(text, strict=False), SCHEMA)
+    assert all(len(ids) == 20 for ids, _ in results[1:])
+
+
+async def test_max_tokens_cuts_a_grammar_with_length(text_engine, tokenizer):
+    text, reason = await _text(text_engine, tokenizer, StructuredOutput("json", json.dumps(SCHEMA)), 1, max_tokens=3)
+    assert reason is FinishReason.LENGTH and text.startswith("{")
+
+
+async def test_logprobs_are_of_the_masked_distribution(text_engine):
+    # one allowed string: a step whose only allowed token is forced has logprob 0 (vLLM: the mask comes first)
+    req = text_request(random_ids(8, 3), "lp", structured=StructuredOutput("grammar", 'root ::= "zz"'),
+                       temperature=1.0, seed=3, max_tokens=20, logprobs=True, ignore_eos=False)
+    _ids, outs = await collect(text_engine, req)
+    logprobs = [lp for o in outs for lp in o.logprobs]
+    assert outs[-1].finish_reason is FinishReason.STOP and logprobs[-1] == pytest.approx(0.0, abs=1e-5)
+
+
+async def test_invalid_specs_are_refused(text_engine):
+    for so in (StructuredOutput("regex", "(ab"), StructuredOutput("json", '{"type": "bogus"}'),
+               StructuredOutput("grammar", "root ::= nothing")):
+        with pytest.raises(InvalidArgument, match=so.kind):
+            await collect(text_engine, text_request([5, 6, 7], structured=so, max_tokens=4))
+
+
+async def test_a_compiling_grammar_holds_only_its_own_request(text_engine, tokenizer):
+    """The compile thread is held busy (a gate queued ahead of the grammar): a free request completes meanwhile, the
+    constrained one waits, then completes once its grammar is compiled."""
+    cache = text_engine._grammar_cache()
+    gate = threading.Event()
+    busy = cache._pool.submit(gate.wait)
+    so = StructuredOutput("regex", r"wait-[0-9]{3}")
+    waiting = asyncio.create_task(_text(text_engine, tokenizer, so, 2))
+    try:
+        ids, _outs = await collect(text_engine, text_request(random_ids(6, 9), "free", max_tokens=12))
+        assert len(ids) == 12 and not waiting.done() and not busy.done()
+    finally:
+        gate.set()
+    text, reason = await waiting
+    assert reason is FinishReason.STOP and re.fullmatch(r"wait-[0-9]{3}", text)
+
+
+async def test_a_compile_past_the_timeout_is_refused_and_cancelling_a_wait_is_clean(text_engine):
+    cache = text_engine._grammar_cache()
+    gate = threading.Event()
+    busy = cache._pool.submit(gate.wait)
+    before, cache.timeout_s = cache.timeout_s, 0.05  # the compile cannot finish while the gate holds its thread
+    try:
+        with pytest.raises(InvalidArgument, match="structured-compile-timeout"):
+            await collect(text_engine, text_request([5, 6], structured=StructuredOutput("regex", "late[0-9]"),
+                                                    max_tokens=4))
+        cache.timeout_s = before
+        cancelled = asyncio.create_task(collect(text_engine, text_request(
+            [5, 6], "c", structured=StructuredOutput("regex", "cancel[0-9]"), max_tokens=4)))
+        await asyncio.sleep(0)  # (lets the task reach its wait; the assertions below do not depend on timing)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert text_engine.num_running == 0 and text_engine.num_waiting == 0
+    finally:
+        cache.timeout_s = before
+        gate.set()
+    busy.result()
+    ids, outs = await collect(text_engine, text_request([5, 6], structured=StructuredOutput("regex", "late[0-9]"),
+                                                        max_tokens=8, ignore_eos=False))
+    assert outs[-1].finish_reason is FinishReason.STOP and len(ids) >= 2
+
+
+async def test_supplied_prompt_embeddings_with_a_grammar(text_engine, tokenizer):
+    ids = random_ids(10, seed=12)
+    rows = text_engine.m.embed.weight[ids[2:5]].detach().clone()  # three positions supplied as rows
+    req = with_embed_span(ids[:2] + ids[5:], {}, 2, rows, "embeds", temperature=1.0, seed=1, max_tokens=40,
+                          ignore_eos=False, structured=StructuredOutput("choice", '["north", "south"]'))
+    got, outs = await collect(text_engine, req)
+    assert outs[-1].finish_reason is FinishReason.STOP
+    assert tokenizer.decode(got, skip_special_tokens=True) in ("north", "south")
+
+
+async def test_a_structural_tag_is_followed(text_engine, tokenizer):
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "content": {
+        "type": "json_schema", "json_schema": {"enum": ["A", "B"]}}, "end": "</f>"}}
+    for seed in range(3):
+        text, reason = await _text(text_engine, tokenizer, StructuredOutput("structural_tag", json.dumps(tag)), seed)
+        assert reason is FinishReason.STOP and text in ('<f>"A"</f>', '<f>"B"</f>')
+
+
+async def test_each_of_n_choices_follows_the_grammar_with_its_own_matcher(text_engine, tokenizer):
+    so = StructuredOutput("json", json.dumps(SCHEMA))
+    req = text_request(random_ids(8, 21), "n4", structured=so, n=4, seed=5, **SAMPLED)
+    _, outs = await collect(text_engine, req)
+    by_choice: dict[int, list[int]] = {}
+    ends = {}
+    for out in outs:
+        by_choice.setdefault(out.index, []).extend(out.token_ids)
+        if out.finished:
+            ends[out.index] = out.finish_reason
+    assert sorted(by_choice) == [0, 1, 2, 3] and set(ends.values()) == {FinishReason.STOP}
+    answers = [tokenizer.decode(ids, skip_special_tokens=True) for ids in by_choice.values()]
+    for text in answers:
+        jsonschema.validate(json.loads(text, strict=False), SCHEMA)
+    assert len(set(answers)) > 1  # (each choice samples with its own seed)
