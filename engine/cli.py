@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch's intra-op threads (per tensor-parallel rank); default: $OMP_NUM_THREADS when "
                              "set, else this host's CPUs less one (shared by the ranks), leaving a core to the "
                              "serving loop and a co-located preprocessor")
+    parser.add_argument("--encoder-cache-mb", type=int, default=512,
+                        help="MiB of vision-tower outputs kept by picture content, so a picture sent again (as "
+                             "multi-turn chats do) is not encoded again; least recently used evicted first; 0: off "
+                             "(default: 512)")
     parser.add_argument("--structured-compile-timeout", type=float, default=DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S,
                         help="seconds a structured output's grammar (response_format, structured_outputs) may take "
                              "to compile for the tokenizer before the request is refused with INVALID_ARGUMENT; "
@@ -91,6 +95,7 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
                         model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
+                        encoder_cache_mb=args.encoder_cache_mb,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)))
 

@@ -47,6 +47,9 @@ class EngineConfig:
     # torch's intra-op threads in this process (and each tensor-parallel rank); None = leave torch's setting, as
     # an engine embedded in someone else's process should. `splice engine` passes auto_torch_threads()
     torch_threads: int | None = None
+    # MiB of vision-tower outputs kept by picture content (engine/encoder_cache.py), so a re-sent picture is not
+    # encoded again; least recently used evicted first; 0 = off
+    encoder_cache_mb: int = 512
     # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
     # compile runs in its own thread, never the step's
     structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
@@ -78,6 +81,8 @@ class EngineConfig:
             raise ValueError(f"model_impl must be one of {IMPLS}, got {self.model_impl!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        if self.encoder_cache_mb < 0:
+            raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
         if not self.structured_compile_timeout > 0:
             raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
         if self.max_queue < 0:

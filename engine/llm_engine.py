@@ -137,6 +137,12 @@ class LLMEngine:
 
     # --- async API -------------------------------------------------------------------------------
 
+    def _check(self, req: EngineRequest) -> None:
+        """Validation, then the encoder cache's content keys (hashing every pixel byte, like the finite checks
+        beside it, not on the engine loop)."""
+        validate_request(req, self.m.info, self.m.family.images)
+        req.image_keys = self.m.family.image_keys(req)
+
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
         """Validates and queues `req`; yields one EngineOutput per step, or the outputs of several steps merged
         into one when the caller was not waiting (it fell behind). Raises SpliceError on bad input."""
@@ -146,7 +152,7 @@ class LLMEngine:
         self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
-        await inline_or_thread(inline, validate_request, req, self.m.info, self.m.family.images)
+        await inline_or_thread(inline, self._check, req)
         # a structured output's grammar compiles in its own thread (once per distinct spec): this request waits,
         # the running ones keep decoding
         grammar = await self._grammar_cache().get(req.sampling.structured) if req.sampling.structured else None
@@ -267,6 +273,8 @@ class LLMEngine:
                 self._fail([seq], exc)
                 continue
             parts[seq.seq_id] = PromptPart(seq.seq_id, prompt, chunk.start, chunk.end)
+        if (cache := self.family.encoder_cache) is not None and cache.queries:
+            self.stats.encoder_cache(*cache.take_counts(), cache.bytes)
         return parts
 
     def _prefilled(self, out: SchedulerOutput, parts: dict[int, PromptPart], ran: Stepped) -> list[Sequence]:

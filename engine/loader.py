@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.encoder_cache import EncoderCache
 from engine.models import ModelFamily, family_for
 from splice.errors import FailedPrecondition
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
@@ -98,6 +99,8 @@ def load(cfg: EngineConfig) -> LoadedModel:
     family = family_cls(model, device, dtype)
     impl = family.select_impl(cfg.model_impl, tensor_parallel=cfg.tensor_parallel_size > 1)
     log.info("text stack: %s (--model-impl %s)", impl, cfg.model_impl)
+    if family.accepts_images and cfg.encoder_cache_mb:
+        family.encoder_cache = EncoderCache(cfg.encoder_cache_mb << 20)
     embed = family.embed
     text_config = config.get_text_config()
     max_position = getattr(text_config, "max_position_embeddings", None)

@@ -24,6 +24,13 @@ STEP_SECONDS = Histogram("splice_engine_step_duration_seconds", "Wall time of on
 TTFT_SECONDS = Histogram("splice_engine_time_to_first_token_seconds",
                          "From Generate's arrival (before validation) to its first token", buckets=LATENCY_BUCKETS)
 
+ENCODER_CACHE_QUERIES = Counter("splice_engine_encoder_cache_queries",
+                                "Pictures (tiles for Idefics3, SmolVLM, LFM2-VL) looked up in the encoder cache")
+ENCODER_CACHE_HITS = Counter("splice_engine_encoder_cache_hits",
+                             "Encoder cache lookups answered without running the vision tower")
+ENCODER_CACHE_BYTES = Gauge("splice_engine_encoder_cache_bytes",
+                            "Bytes of vision-tower outputs the encoder cache holds")
+
 # label children resolved once: the loop pays no label lookup
 _PREFILL_SECONDS = STEP_SECONDS.labels(phase="prefill")
 _DECODE_SECONDS = STEP_SECONDS.labels(phase="decode")
@@ -53,6 +60,11 @@ class EngineStats:
     def finished(self, reason: str) -> None:
         FINISHED.labels(finish_reason=reason).inc()
 
+    def encoder_cache(self, queries: int, hits: int, held: int) -> None:
+        ENCODER_CACHE_QUERIES.inc(queries)
+        ENCODER_CACHE_HITS.inc(hits)
+        ENCODER_CACHE_BYTES.set(held)
+
 
 class NoStats(EngineStats):
     def scheduled(self, running: int, waiting: int) -> None:
@@ -68,4 +80,7 @@ class NoStats(EngineStats):
         pass
 
     def finished(self, reason: str) -> None:
+        pass
+
+    def encoder_cache(self, queries: int, hits: int, held: int) -> None:
         pass

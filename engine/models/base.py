@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.encoder_cache import EncoderCache, content_key
 from engine.models.attention import use_grouped_sdpa
 from engine.models.lean_llama import LeanDecoder, unsupported
 from engine.models.slot_cache import SlotKVCache
@@ -78,6 +79,20 @@ def feature_rows(out: Any) -> torch.Tensor:
     if isinstance(feats, list | tuple):
         feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
     return feats.reshape(-1, feats.shape[-1])
+
+
+def first_dim_pieces(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """One piece per index of the tensors' first dimension (pictures stacked along it, e.g. [images, ...])."""
+    return [{name: t[i:i + 1] for name, t in inputs.items()} for i in range(len(inputs["pixel_values"]))]
+
+
+def grid_pieces(inputs: dict[str, torch.Tensor], grid_name: str) -> list[dict[str, torch.Tensor]]:
+    """Pictures whose patch rows are concatenated in pixel_values [patches, ...], each owning the product of its
+    grid row's sizes (Qwen2-VL's image_grid_thw, Nemotron's image_grid_hw): one piece per picture."""
+    grid = inputs[grid_name]
+    counts = grid.long().prod(-1).tolist()
+    return [{"pixel_values": pv, grid_name: grid[i:i + 1]}
+            for i, pv in enumerate(torch.split(inputs["pixel_values"], counts))]
 
 
 class ImageGeometry:
@@ -143,6 +158,8 @@ class ModelFamily:
         self.impl = "transformers"  # what runs the text stack: "splice" (engine/models/lean_llama.py) or HF's modules
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
+        # vision-tower outputs by picture content (engine/encoder_cache.py); None = off. The loader sets it.
+        self.encoder_cache: EncoderCache | None = None
         use_grouped_sdpa(model)
 
     # --- loading -------------------------------------------------------------------------------------
@@ -213,6 +230,49 @@ class ModelFamily:
         """[rows, hidden] in placeholder order."""
         raise FailedPrecondition(f"{self.name} models take no image inputs")
 
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """The request's image inputs cut into the pieces the vision tower encodes independently (a picture, or a
+        tile), in placeholder order, each a valid input of image_features on its own whose rows are that piece's.
+        The encoder cache keys each piece by its content. Default: the whole request is one piece (a hit needs the
+        same pictures in the same order)."""
+        return [inputs]
+
+    def join_pieces(self, pieces: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Pieces of one request's image_pieces as one image_features input whose rows are the
+        pieces' rows in order. Default: each tensor concatenated along its first dimension."""
+        if len(pieces) == 1:
+            return pieces[0]
+        return {name: torch.cat([p[name] for p in pieces]) for name in pieces[0]}
+
+    def image_keys(self, req: EngineRequest) -> list[str] | None:
+        """The encoder cache's keys of `req`'s image pieces, in order; None where it has no cache or none to key
+        (no pictures, precomputed features, or no piece the tower would encode alone)."""
+        inputs = req.model_inputs
+        if self.encoder_cache is None or not inputs or IMAGE_EMBEDS in inputs:
+            return None
+        return [content_key(p) for p in self.image_pieces(inputs)] or None
+
+    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None) -> torch.Tensor:
+        """image_features through the encoder cache (`keys`: image_keys, already made): the pieces found are not
+        encoded again, the others (each distinct one once) are encoded together in one call; rows in placeholder
+        order."""
+        cache = self.encoder_cache
+        pieces = self.image_pieces(inputs) if cache is not None else []
+        if not pieces:  # off, or nothing the tower would encode on its own: leave it to the tower's own rules
+            return self.image_features(inputs)
+        keys = keys if keys is not None and len(keys) == len(pieces) else [content_key(p) for p in pieces]
+        found = {k: rows for k in dict.fromkeys(keys) if (rows := cache.get(k)) is not None}
+        missed = [k for k in dict.fromkeys(keys) if k not in found]
+        cache.count(len(keys), len(keys) - len(missed))  # a piece repeated within the request is a hit too
+        if missed:
+            first = {k: pieces[keys.index(k)] for k in missed}
+            sizes = [self.images.expected_rows(first[k]) for k in missed]
+            new = self.image_features(self.join_pieces(list(first.values())))
+            for k, rows in zip(missed, torch.split(new, sizes), strict=True):
+                found[k] = rows = rows.clone() if len(missed) > 1 else rows  # a view would hold all of `new`
+                cache.put(k, rows)
+        return torch.cat([found[k] for k in keys])
+
     # --- the prompt ----------------------------------------------------------------------------------
 
     def prompt(self, req: EngineRequest) -> Prompt:
@@ -227,7 +287,8 @@ class ModelFamily:
         if inputs:
             image_mask = (ids == self.image_token_id) & ~span_mask
             # supplied features (validated against the image tokens) skip the vision tower
-            features = inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs else self.image_features(inputs)
+            features = (inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs
+                        else self.cached_image_features(inputs, req.image_keys))
             embeds[image_mask] = features.to(device=self.device, dtype=self.dtype)
         for span in req.embed_spans:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,

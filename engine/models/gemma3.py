@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, Prompt, SquareImages, StepInputs, feature_rows
+from engine.models.base import ModelFamily, Prompt, SquareImages, StepInputs, feature_rows, first_dim_pieces
 from splice.errors import FailedPrecondition
 
 
@@ -46,6 +46,9 @@ class Gemma3(ModelFamily):
     def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         return feature_rows(self.model.get_image_features(pixel_values=pv))  # [images * tokens_per_image, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return first_dim_pieces(inputs)  # one per image (a pan-and-scan crop is an image)
 
     def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         """Causal, and causal within the window for sliding layers; at prefill, positions of one image also see

@@ -20,7 +20,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import (
+    ImageGeometry,
+    ModelFamily,
+    StepInputs,
+    check_float,
+    check_names,
+    feature_rows,
+    first_dim_pieces,
+)
 from splice.errors import FailedPrecondition, InvalidArgument
 
 IMAGE_INPUTS = ("pixel_values", "image_position_ids")
@@ -101,6 +109,9 @@ class Gemma4(ModelFamily):
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         pos = inputs["image_position_ids"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.model.get_image_features(pv, pos))  # [soft tokens of all images, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return first_dim_pieces(inputs)  # one per image (its patches padded to the processor's fixed budget)
 
     def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         q = step.token_ids.shape[1]

@@ -62,3 +62,16 @@ class Idefics3(ModelFamily):
             mask = mask.to(device=self.device, dtype=torch.bool)
         out = self.model.model.get_image_features(pixel_values=pv, pixel_attention_mask=mask)
         return feature_rows(out)  # [real_tiles * rows_per_tile, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """One piece per real tile ([1, 1, channels, side, side], with its mask): the tower and the connector
+        see each tile alone, and the tiles of an image are not marked apart in pixel_values."""
+        pv, mask = inputs["pixel_values"], inputs.get("pixel_attention_mask")
+        real = (pv.flatten(2) != 0).any(dim=-1)  # [batch, tiles]; all-zero tiles are padding (as HF drops them)
+        pieces = []
+        for b, t in real.nonzero().tolist():
+            piece = {"pixel_values": pv[b, t][None, None]}
+            if mask is not None:
+                piece["pixel_attention_mask"] = mask[b, t][None, None]
+            pieces.append(piece)
+        return pieces

@@ -10,7 +10,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import (
+    ImageGeometry,
+    ModelFamily,
+    StepInputs,
+    check_float,
+    check_names,
+    feature_rows,
+    first_dim_pieces,
+)
 from engine.models.hybrid_cache import HybridCache, recurrent_mask
 from splice.errors import InvalidArgument
 
@@ -66,6 +74,9 @@ class Lfm2Vl(ModelFamily):
             pixel_attention_mask=inputs["pixel_attention_mask"].to(device=self.device, dtype=torch.bool),
         )
         return feature_rows(out)  # [sum of (h / factor) * (w / factor), hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return first_dim_pieces(inputs)  # one per tile (the tower sees each tile alone, with its own mask and shape)
 
     def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         return {"full_attention": self.causal_mask(step.mask, step.token_ids.shape[1]), "conv": recurrent_mask(step)}

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ModelFamily, SquareImages, feature_rows
+from engine.models.base import ModelFamily, SquareImages, feature_rows, first_dim_pieces
 from splice.errors import FailedPrecondition
 
 
@@ -30,3 +30,6 @@ class Llava(ModelFamily):
     def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         return feature_rows(self.model.get_image_features(pixel_values=pv))  # [images * rows_per_image, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return first_dim_pieces(inputs)  # one per image

@@ -18,7 +18,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ImageGeometry, ModelFamily, StepInputs, check_float, check_names, feature_rows
+from engine.models.base import (
+    ImageGeometry,
+    ModelFamily,
+    StepInputs,
+    check_float,
+    check_names,
+    feature_rows,
+    grid_pieces,
+)
 from engine.models.hybrid_cache import HybridCache, recurrent_mask
 from splice.errors import InvalidArgument
 
@@ -86,6 +94,9 @@ class NemotronH(ModelFamily):
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         grid = inputs["image_grid_hw"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.get_image_features(pv, grid))  # [patches / merge**2, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return grid_pieces(inputs, "image_grid_hw")  # one per image
 
     def attention_mask(self, step: StepInputs) -> dict[str, torch.Tensor | None]:
         return {"full_attention": self.causal_mask(step.mask, step.token_ids.shape[1]),

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.models.base import ImageGeometry, ModelFamily, check_float, check_names, feature_rows
+from engine.models.base import ImageGeometry, ModelFamily, check_float, check_names, feature_rows, grid_pieces
 from splice.errors import InvalidArgument
 
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -86,6 +86,9 @@ class Qwen2VL(ModelFamily):
         pv = inputs["pixel_values"].to(device=self.device, dtype=self.dtype)
         grid = inputs["image_grid_thw"].to(device=self.device, dtype=torch.long)
         return feature_rows(self.model.get_image_features(pixel_values=pv, image_grid_thw=grid))  # [rows, hidden]
+
+    def image_pieces(self, inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return grid_pieces(inputs, "image_grid_thw")  # one per image
 
     def prompt_positions(self, ids: torch.Tensor, image_mask: torch.Tensor,
                          inputs: dict[str, torch.Tensor]) -> torch.Tensor:

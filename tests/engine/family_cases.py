@@ -41,8 +41,11 @@ class FamilyCase:
     picture_size: tuple[int, int] = (70, 45)
 
     def inputs(self, model_dir: Path, text: str = "What is shown?", images: int = 1,
-               shift: int = 0) -> tuple[list[int], dict[str, torch.Tensor]]:
-        """(input_ids, {forward keyword: tensor}) exactly as the model's own HF processor makes them."""
+               shift: int = 0, shifts: tuple[int, ...] | None = None) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """(input_ids, {forward keyword: tensor}) exactly as the model's own HF processor makes them; picture k is
+        drawn with shift + 40 * k, or with shifts[k] where given (equal shifts: the same picture)."""
+        if shifts is not None:
+            images = len(shifts)
         if not self.images:
             from transformers import AutoTokenizer
 
@@ -52,7 +55,8 @@ class FamilyCase:
         processor = hf_processor(model_dir)
         if images == 0:
             return processor(text=chat_prompt(processor, text, 0), return_tensors="pt")["input_ids"][0].tolist(), {}
-        pics = [picture(*self.picture_size, shift=shift + 40 * k) for k in range(images)]
+        shifts = shifts if shifts is not None else tuple(shift + 40 * k for k in range(images))
+        pics = [picture(*self.picture_size, shift=s) for s in shifts]
         out = processor(text=chat_prompt(processor, text, images), images=pics, return_tensors="pt")
         tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
         return out["input_ids"][0].tolist(), tensors

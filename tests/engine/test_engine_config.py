@@ -21,6 +21,7 @@ from engine.loader import pick_device, pick_dtype
     (dict(max_queue=-1), "max_queue"),
     (dict(mixed_prefill_tokens=0), "mixed_prefill_tokens"),
     (dict(stream_interval=0), "stream_interval"),
+    (dict(encoder_cache_mb=-1), "encoder_cache_mb must be >= 0, got -1"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size"),
     (dict(torch_threads=0), "torch_threads must be >= 1, got 0"),
     (dict(model_impl="vllm"), r"model_impl must be one of \('auto', 'splice', 'transformers'\), got 'vllm'"),

@@ -5,6 +5,9 @@
 - a mixed request built by the preprocessor (text + two embeds spans of different lengths + image) carries no
   sentinel ID, and its spans and image rows land where HF puts them (first-step logits equal HF's forward);
 - 8 concurrent requests of different lengths, joining and leaving at different steps, give their solo tokens;
+- the encoder cache: re-sent pictures (A, B then A, B, C; a picture twice in one request; the same request again)
+  give the tokens the engine gives without it, counted as hits where the family keys pictures apart; a picture
+  one value apart misses; a budget that holds about one entry evicts and still gives the same tokens;
 - a malformed image tensor is INVALID_ARGUMENT naming it, and the engine keeps serving.
 """
 
@@ -15,7 +18,9 @@ import asyncio
 import pytest
 import torch
 
+from engine.encoder_cache import EncoderCache, content_key
 from engine.model_runner import ModelRunner
+from engine.models.base import ModelFamily
 from preprocessor.core import PreprocessorCore
 from preprocessor.model_files import load_model_files
 from splice.engine_request import NamedTensor
@@ -129,3 +134,56 @@ async def test_a_malformed_image_tensor_is_invalid_argument_naming_it(case, engi
         with pytest.raises(InvalidArgument, match=name):
             await collect(engine, _request(ids, {**tensors, name: bad.clone()}))
     assert len((await collect(engine, text_request(ids[:4], max_tokens=2)))[0]) == 2
+
+
+def _encoder_counts() -> tuple[float, float]:
+    """(queries, hits) as the engine's metrics count them so far."""
+    from prometheus_client import REGISTRY
+
+    return tuple(REGISTRY.get_sample_value(f"splice_engine_encoder_cache_{n}_total") or 0.0
+                 for n in ("queries", "hits"))
+
+
+def _one_value_apart(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same picture with its first pixel value moved (inside a real patch or tile of every family)."""
+    pv = tensors["pixel_values"].clone()
+    pv.view(-1)[0] += 0.25
+    return {**tensors, "pixel_values": pv}
+
+
+@pytest.mark.parametrize("case", VISION)
+async def test_encoder_cache_gives_the_uncached_tokens_and_counts_hits(case, engines, tiny_dirs):
+    engine = engines(case.tiny)
+    family = engine.m.family
+    d = tiny_dirs[case.tiny]
+    turns = [case.inputs(d, shifts=(0, 40)), case.inputs(d, "And now?", shifts=(0, 40, 80)),
+             case.inputs(d, shifts=(120, 120)), case.inputs(d, shifts=(0, 40))]
+    a = case.inputs(d, shifts=(0,))
+    turns += [a, (a[0], _one_value_apart(a[1]))]
+    reqs = [_request(ids, t, f"t{k}", max_tokens=6, ignore_eos=True) for k, (ids, t) in enumerate(turns)]
+    kept = family.encoder_cache
+    try:
+        family.encoder_cache = None
+        uncached = [(await collect(engine, r))[0] for r in reqs]
+        cache = family.encoder_cache = EncoderCache(64 << 20)
+        seen: set[str] = set()
+        for req, want in zip(reqs, uncached, strict=True):
+            before = _encoder_counts()
+            assert (await collect(engine, req))[0] == want
+            keys = [content_key(p) for p in family.image_pieces(req.model_inputs)]
+            queries, hits = (after - b for after, b in zip(_encoder_counts(), before, strict=True))
+            # a piece is encoded once: the first time it is seen, in this request or an earlier one
+            assert (queries, hits) == (len(keys), len(keys) - len(set(keys) - seen))
+            seen |= set(keys)
+            if req.request_id == "t5":
+                assert queries - hits == 1  # one value apart: its piece (picture or tile) is encoded again
+        if type(family).image_pieces is not ModelFamily.image_pieces:  # pictures keyed apart: re-sent ones hit
+            assert len(family.image_pieces(reqs[1].model_inputs)) >= 3
+        assert cache.bytes > 0 and len(cache) == len(seen)
+        # a budget of about one entry: entries are evicted, the tokens stay
+        small = family.encoder_cache = EncoderCache(max(1, cache.bytes // len(seen)))
+        for req, want in zip(reqs, uncached, strict=True):
+            assert (await collect(engine, req))[0] == want
+        assert small.bytes <= small.budget and len(small) < len(seen)
+    finally:
+        family.encoder_cache = kept

@@ -39,11 +39,16 @@ def _requests(case: FamilyCase, model_dir) -> list:
                 text_request(random_ids(1300, seed=6), "long", max_tokens=6, logprobs=True, prompt_logprobs=2)]
     ids, tensors = case.inputs(model_dir)
     mixed = with_embed_span(ids, tensors, 2, rows, max_tokens=10, logprobs=True)
-    return [text, mixed]
+    # and, once the others stream, the mixed request's picture again beside a new one: an encoder-cache hit on every
+    # rank alike (each rank keeps its own cache; a rank skipping a sharded vision tower alone would block)
+    ids, tensors = case.inputs(model_dir, shifts=(0, 40))
+    resent = with_embed_span(ids, tensors, 2, rows, request_id="resent", max_tokens=10, logprobs=True)
+    return [text, mixed, resent]
 
 
 async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float]]]:
-    """All at once, except a long last request (tiny-text's), which arrives once the others stream. The logprobs:
+    """All at once, except a long last request (tiny-text's) or a re-sent picture, which arrive once the others
+    stream. The logprobs:
     the chosen tokens', then the prompt's where asked."""
     client = EngineClient(address)
     streaming = asyncio.Event()
@@ -59,7 +64,7 @@ async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float
         return toks, lps
 
     try:
-        return await asyncio.gather(*(one(r, r.request_id == "long") for r in reqs))
+        return await asyncio.gather(*(one(r, r.request_id in ("long", "resent")) for r in reqs))
     finally:
         await client.close()
 
