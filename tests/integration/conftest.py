@@ -101,3 +101,22 @@ def http_stack(tiny_dirs, media_root, media_server):
     yield engine, pre
     pre.stop()
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def client(http_stack):
+    """The official openai SDK on http_stack's HTTP face (with its key; no retries, so a refusal shows as it is)."""
+    import openai
+
+    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
+                       max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def grpc_client(http_stack):
+    """Splice's gRPC client on http_stack's preprocessor (the same process as `client`'s HTTP face)."""
+    from clients import SpliceClient
+
+    with SpliceClient(http_stack[1].address, timeout=60, api_key=API_KEY) as c:
+        yield c

@@ -23,13 +23,6 @@ SAMPLED = dict(temperature=1.0, seed=SEED, max_tokens=N, extra_body={"ignore_eos
 
 
 @pytest.fixture(scope="module")
-def client(http_stack):
-    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
-                       max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def engine_metrics(http_stack):
     return http_stack[0]
 

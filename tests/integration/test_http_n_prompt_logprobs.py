@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import openai
 import pytest
 
 from clients import SpliceClient
@@ -18,13 +17,6 @@ MSGS = [{"role": "user", "content": "Tell me about colours."}]
 N = 4  # tokens per choice
 SEED = 31
 SAMPLED = dict(temperature=1.0, seed=SEED, max_tokens=N)
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
-                       max_retries=0) as c:
-        yield c
 
 
 def _same_prompt_logprobs(got: list, want: list) -> None:

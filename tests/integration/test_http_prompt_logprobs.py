@@ -14,23 +14,10 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from app.demo import embedding_rows, sample_picture
-from clients import SpliceClient, SpliceClientError
-from tests.integration.conftest import API_KEY, MODEL
+from clients import SpliceClientError
+from tests.integration.conftest import MODEL
 
 PROMPT = "Once upon a time there was a cat"
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
-                       max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def grpc_client(http_stack):
-    with SpliceClient(http_stack[1].address, timeout=60, api_key=API_KEY) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -7,25 +7,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from clients import SpliceClient
 from preprocessor.bad_words import bad_words_token_ids
-from tests.integration.conftest import API_KEY, MODEL
+from tests.integration.conftest import MODEL
 
 MSGS = [{"role": "user", "content": "Tell me about colours."}]
 N = 10
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
-                       max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def grpc_client(http_stack):
-    with SpliceClient(http_stack[1].address, timeout=60, api_key=API_KEY) as c:
-        yield c
 
 
 def _both(client, grpc_client, **controls) -> tuple[list[int], str, object]:

@@ -31,13 +31,6 @@ SEEDS = range(3)
 ROOM = 120  # max_tokens: far more than any answer of these bounded schemas needs
 
 
-@pytest.fixture(scope="module")
-def client(http_stack):
-    with openai.OpenAI(base_url=f"http://{http_stack[1].http_address}/v1", api_key=API_KEY, timeout=120,
-                       max_retries=0) as c:
-        yield c
-
-
 def _json(text: str):
     return json.loads(text, strict=False)  # (a random model's strings may hold raw control characters)
 
