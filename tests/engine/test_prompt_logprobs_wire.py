@@ -86,9 +86,12 @@ async def test_a_long_prompts_logprobs_cross_the_engine_hop_in_pieces(server, mo
     local = alone[0].prompt_logprobs
     async with grpc.aio.insecure_channel(server.address) as ch:
         raw = [r async for r in engine_pb2_grpc.EngineStub(ch).Generate(encode_request(req))]
-    assert [len(r.token_ids) for r in raw][:4] == [0, 0, 0, 1]  # 3 pieces alone, the 4th with the first token
+    # 3 pieces alone, the 4th with the first token; the second token comes after it or, when the reader was slower
+    # than the engine, merged into that same message by the outbox (engine/outbox.py): both are right
+    counts = [len(r.token_ids) for r in raw]
+    assert counts[:3] == [0, 0, 0] and counts[3] >= 1 and sum(counts) == 2, counts
     assert [r.prompt_logprobs.first_position for r in raw[:4]] == [0, 8, 16, 24]
-    assert not raw[4].HasField("prompt_logprobs")
+    assert not any(r.HasField("prompt_logprobs") for r in raw[4:])
     client = EngineClient(server.address)
     try:
         outs = [o async for o in client.generate(req)]
