@@ -198,6 +198,11 @@ class LLMEngine:
                                           self.m.info.eos_token_ids, self.cfg.structured_compile_timeout)
         return self._grammars
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached prefix block and encoder output (vLLM's /reset_prefix_cache): requests after it
+        prefill from scratch. Thread-safe; done on the engine thread before its next step."""
+        # (the prefix cache lands in the same change: issue 24)
+
     def abort(self, request_id: str) -> int:
         """Aborts every live sequence with this request ID before its next step; returns how many."""
         with self._lock:
