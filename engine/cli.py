@@ -55,6 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MiB of vision-tower outputs kept by picture content, so a picture sent again (as "
                              "multi-turn chats do) is not encoded again; least recently used evicted first; 0: off "
                              "(default: 512)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep the key/value columns of whole blocks of prompt positions by content (token IDs, "
+                             "pictures, prompt-embeds rows, cache_salt), so a prompt that begins with a cached prefix "
+                             "prefills only the rest; off for tensor parallelism and the hybrid recurrent families "
+                             "(default: on)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="prompt positions per prefix-cache block: a hit covers whole blocks (default: 16)")
+    parser.add_argument("--prefix-cache-mb", type=int, default=1024,
+                        help="MiB of key/value blocks the prefix cache keeps, least recently used evicted first; "
+                             "reserved lazily on the CPU (default: 1024)")
     parser.add_argument("--structured-compile-timeout", type=float, default=DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S,
                         help="seconds a structured output's grammar (response_format, structured_outputs) may take "
                              "to compile for the tokenizer before the request is refused with INVALID_ARGUMENT; "
@@ -96,6 +106,8 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
                         model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
                         encoder_cache_mb=args.encoder_cache_mb,
+                        enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
+                        prefix_cache_mb=args.prefix_cache_mb,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)))
 

@@ -50,6 +50,12 @@ class EngineConfig:
     # MiB of vision-tower outputs kept by picture content (engine/encoder_cache.py), so a re-sent picture is not
     # encoded again; least recently used evicted first; 0 = off
     encoder_cache_mb: int = 512
+    # the prefix cache (engine/prefix_cache.py): key/value columns of whole blocks of prompt positions kept by content,
+    # so a prompt that begins with a cached prefix prefills only the rest (vLLM's --enable-prefix-caching, on by
+    # default); blocks of `block_size` positions within `prefix_cache_mb` MiB, least recently used evicted first
+    enable_prefix_caching: bool = True
+    block_size: int = 16
+    prefix_cache_mb: int = 1024
     # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
     # compile runs in its own thread, never the step's
     structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
@@ -83,6 +89,10 @@ class EngineConfig:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if not self.structured_compile_timeout > 0:
             raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
         if self.max_queue < 0:

@@ -27,13 +27,14 @@ from engine.logits_controls import LogitsControls
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, Stepped, batch_capacity
 from engine.outbox import Listener, Outbox
+from engine.prefix_cache import PrefixCache, cache_root, prefix_keys
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
-from splice.engine_request import EngineRequest
+from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import SpliceError, Unavailable
 from splice.grammar import GrammarCache
 from splice.model_info import ModelInfo
@@ -61,13 +62,17 @@ class LLMEngine:
         # Tensor parallelism: the other ranks start and join first, then every rank loads its shard.
         self.ranks = Ranks(cfg.tensor_parallel_size, cfg) if cfg.tensor_parallel_size > 1 else None
         self.m = loaded if loaded is not None else load(cfg)
-        self.runner = ModelRunner(self.m.family, batch_capacity(cfg.max_running_seqs, self.m.info.max_model_len))
+        self.prefix = self._prefix_cache(cfg)
+        self.runner = ModelRunner(self.m.family, batch_capacity(cfg.max_running_seqs, self.m.info.max_model_len),
+                                  self.prefix)
         self.family = self.m.family  # its prompt() is a model call: the runner's and its run on every rank
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, cfg.mixed_prefill_tokens,
-                                   self.family.packs_mixed_steps)
+                                   self.family.packs_mixed_steps, self._cached if self.prefix is not None else None)
+        # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
+        self._resets: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._lock = threading.Lock()  # guards the scheduler and the sequence tables
         self._wake = threading.Event()
         self._stopping = False
@@ -88,6 +93,22 @@ class LLMEngine:
     @property
     def info(self) -> ModelInfo:
         return self.m.info
+
+    def _prefix_cache(self, cfg: EngineConfig) -> PrefixCache | None:
+        """The prefix cache, where it is on and can serve this model; one log line says why not otherwise."""
+        family = self.m.family
+        if not cfg.enable_prefix_caching or not cfg.prefix_cache_mb:
+            return None
+        if cfg.tensor_parallel_size > 1:
+            log.info("prefix caching is off: not implemented for tensor parallelism (--tensor-parallel-size %d)",
+                     cfg.tensor_parallel_size)
+            return None
+        if not family.cache.chunkable:
+            log.info("prefix caching is off for the %s family: its recurrent layers' state is not kept at block "
+                     "boundaries (the encoder cache still applies)", family.name)
+            return None
+        log.info("prefix caching on: blocks of %d positions within %d MiB", cfg.block_size, cfg.prefix_cache_mb)
+        return PrefixCache(cfg.block_size, cfg.prefix_cache_mb << 20)
 
     @property
     def num_running(self) -> int:
@@ -113,6 +134,10 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         self.runner.clear()
+        with self._lock:
+            resets, self._resets = self._resets, []
+        for loop, done in resets:  # (asked for as it stopped: nothing is cached any more that matters)
+            loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
         if self._grammars is not None:
             self._grammars.close()
             self._grammars = None
@@ -142,6 +167,26 @@ class LLMEngine:
         beside it, not on the engine loop)."""
         validate_request(req, self.m.info, self.m.family.images)
         req.image_keys = self.m.family.image_keys(req)
+        if self.prefix is not None:
+            req.prefix_keys = self._prefix_keys(req)
+
+    def _prefix_keys(self, req: EngineRequest):
+        """The prefix cache's content keys of `req`'s whole blocks (engine/prefix_cache.py)."""
+        f, size = self.m.family, self.prefix.block_size
+        inputs = req.model_inputs
+        pieces = f.image_pieces(inputs) if inputs and IMAGE_EMBEDS not in inputs else []
+        rows = [f.images.expected_rows(p) for p in pieces]
+        root = cache_root(self.m.info.fingerprint, size, getattr(req.sampling, "cache_salt", None))
+        return prefix_keys(req, size, root, f.image_token_id, pieces, rows, req.image_keys, f.images_both_ways)
+
+    def _cached(self, seq: Sequence) -> int:
+        """Prompt positions of a waiting `seq` the prefix cache holds now, whole blocks, its last position never (its
+        logits are needed); none for a request that asks for prompt logprobs (its positions are scored)."""
+        keys = seq.payload.prefix_keys if seq.payload is not None else None
+        if keys is None or seq.sampling.prompt_logprobs is not None:
+            return 0
+        size = self.prefix.block_size
+        return self.prefix.match(keys, (seq.prompt_len - 1) // size) * size
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
         """Validates and queues `req`; yields one EngineOutput per step, or the outputs of several steps merged
@@ -198,10 +243,22 @@ class LLMEngine:
                                           self.m.info.eos_token_ids, self.cfg.structured_compile_timeout)
         return self._grammars
 
-    def reset_prefix_cache(self) -> None:
-        """Forgets every cached prefix block and encoder output (vLLM's /reset_prefix_cache): requests after it
-        prefill from scratch. Thread-safe; done on the engine thread before its next step."""
-        # (the prefix cache lands in the same change: issue 24)
+    async def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix block (vLLM's /reset_prefix_cache): requests that arrive after it returns
+        prefill from scratch (running ones keep their rows). Done by the engine thread at its next step boundary;
+        returns once it is. False when this engine has no prefix cache."""
+        if self.prefix is None:
+            return False
+        if self._thread is None:  # (not started, or stopped: nothing else touches the cache)
+            self.prefix.reset()
+            return True
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            self._resets.append((loop, done))
+        self._wake.set()
+        await done
+        return True
 
     def abort(self, request_id: str) -> int:
         """Aborts every live sequence with this request ID before its next step; returns how many."""
@@ -251,6 +308,13 @@ class LLMEngine:
         that decode in it, in the runner's order, and the arrival time of each prompt in it, read now: a sequence that
         finishes in its prefill may lose its listener before the step ends)."""
         with self._lock:
+            resets, self._resets = self._resets, []
+        if resets:
+            self.prefix.reset()
+            self.stats.prefix_cache(0, 0, 0)
+            for loop, done in resets:
+                loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
+        with self._lock:
             aborted = self.scheduler.drain_aborts()
             for seq in [s for s in self._seqs.values() if s.is_finished]:
                 self._release(seq)  # the aborted ones, running or waiting
@@ -272,11 +336,14 @@ class LLMEngine:
             if seq.is_finished:
                 continue
             try:
-                prompt = self.family.prompt(seq.payload) if chunk.start == 0 else None
+                prompt = self.family.prompt(seq.payload) if chunk.start == seq.cached else None
             except Exception as exc:
                 log.exception("request %s: embedding failed", seq.request_id)
                 self._fail([seq], exc)
                 continue
+            if prompt is not None and (keys := seq.payload.prefix_keys) is not None:
+                prompt.prefix_keys = keys
+                self.stats.prefix_cache(seq.prompt_len, seq.cached, self.prefix.blocks)
             parts[seq.seq_id] = PromptPart(seq.seq_id, prompt, chunk.start, chunk.end)
         if (cache := self.family.encoder_cache) is not None and cache.queries:
             self.stats.encoder_cache(*cache.take_counts(), cache.bytes)

@@ -30,6 +30,13 @@ ENCODER_CACHE_HITS = Counter("splice_engine_encoder_cache_hits",
                              "Encoder cache lookups answered without running the vision tower")
 ENCODER_CACHE_BYTES = Gauge("splice_engine_encoder_cache_bytes",
                             "Bytes of vision-tower outputs the encoder cache holds")
+PREFIX_CACHE_QUERIES = Counter("splice_engine_prefix_cache_queries",
+                               "Prompt positions of requests looked up in the prefix cache (vLLM's "
+                               "prefix_cache_queries)")
+PREFIX_CACHE_HITS = Counter("splice_engine_prefix_cache_hits",
+                            "Prompt positions read from the prefix cache instead of prefilled (vLLM's "
+                            "prefix_cache_hits)")
+PREFIX_CACHE_BLOCKS = Gauge("splice_engine_prefix_cache_blocks", "Key/value blocks the prefix cache holds")
 
 # label children resolved once: the loop pays no label lookup
 _PREFILL_SECONDS = STEP_SECONDS.labels(phase="prefill")
@@ -65,6 +72,11 @@ class EngineStats:
         ENCODER_CACHE_HITS.inc(hits)
         ENCODER_CACHE_BYTES.set(held)
 
+    def prefix_cache(self, queries: int, hits: int, blocks: int) -> None:
+        PREFIX_CACHE_QUERIES.inc(queries)
+        PREFIX_CACHE_HITS.inc(hits)
+        PREFIX_CACHE_BLOCKS.set(blocks)
+
 
 class NoStats(EngineStats):
     def scheduled(self, running: int, waiting: int) -> None:
@@ -83,4 +95,7 @@ class NoStats(EngineStats):
         pass
 
     def encoder_cache(self, queries: int, hits: int, held: int) -> None:
+        pass
+
+    def prefix_cache(self, queries: int, hits: int, blocks: int) -> None:
         pass

@@ -17,6 +17,10 @@ part of a long one prefilled over several steps). One packed forward or separate
 family's `packs_mixed_steps` and `chunkable`), and so is the fallback that keeps a failing prompt from failing others;
 rows of completed prompts join the batch in one place (`_join`).
 
+A prompt whose first part starts past 0 begins with a prefix found in the prefix cache (engine/prefix_cache.py): its
+blocks are copied into the slot after the rows in use and it continues like a long prompt. Every prompt completed
+leaves its whole blocks in the prefix cache (`_join`).
+
 A prompt that asks for prompt logprobs hands the hidden states of its positions to engine/prompt_logprobs.py in each
 forward that prefills it (whichever of the paths above); every other prompt's logits are its last position's only.
 """
@@ -33,6 +37,7 @@ from engine import prompt_logprobs as plp
 from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.attention import PACKED
 from engine.models.slot_cache import Segment, SlotKV
+from engine.prefix_cache import PrefixCache
 from splice.prompt_logprobs import PromptLogprobs
 
 log = logging.getLogger(__name__)
@@ -109,11 +114,14 @@ def batch_capacity(max_running_seqs: int, max_model_len: int) -> tuple[int, int]
 
 
 class ModelRunner:
-    def __init__(self, family: ModelFamily, capacity: tuple[int, int] | None = None) -> None:
+    def __init__(self, family: ModelFamily, capacity: tuple[int, int] | None = None,
+                 prefix: PrefixCache | None = None) -> None:
         """`capacity`: (slots, columns) the running batch can reach, which the key/value buffers are reserved at
-        where that costs only what is written (engine/models/slot_cache.py); None = grown as needed."""
+        where that costs only what is written (engine/models/slot_cache.py); None = grown as needed. `prefix`: the
+        prefix cache completed prompts leave their blocks in and cached prefixes are read from (None: none)."""
         self.family = family
         self.capacity = capacity
+        self.prefix = prefix
         self.batch: Batch | None = None
         self.partial: Partial | None = None  # a long prompt being prefilled over several steps
         # seq_id -> the prompt logprobs of a completed prefill, until the engine takes them (every rank makes them: the
@@ -163,16 +171,24 @@ class ModelRunner:
         two, so that a prompt that makes it fail fails alone); else the decode, then the prompts. A part whose prefill
         fails is in `failed` and recorded nothing; raises only when the decode failed (the shared cache may be
         half-updated: every row is lost)."""
+        failed: dict[int, BaseException] = {}
+        for part in [p for p in parts if p.prompt is not None and p.start > 0]:
+            try:
+                self._restore(part)
+            except Exception as exc:  # (its slot's buffers could not grow) it fails alone
+                failed[part.seq_id] = exc
+                parts = [p for p in parts if p is not part]
         if tokens and parts and self.family.packs_mixed_steps:
             try:
                 decoded, prefilled = self.mixed(tokens, parts)
                 rows = set(self.seq_ids)  # the prompts completed in it joined them
-                return Stepped(torch.cat([decoded, prefilled]), [p.seq_id for p in parts if p.seq_id in rows], True)
+                return Stepped(torch.cat([decoded, prefilled]), [p.seq_id for p in parts if p.seq_id in rows], True,
+                               failed)
             except Exception:  # nothing was recorded
                 log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(tokens),
                               len(parts))
         logits = [self.decode(tokens)] if tokens else []  # the rows first: the prompts join after them
-        ran = Stepped(None, [])
+        ran = Stepped(None, [], failed=failed)
         # a prompt that fits in this step, or one the family cannot prefill in parts, goes whole
         whole = [p for p in parts if p.start == 0 and (p.end >= len(p.prompt.token_ids) or self.batch is None
                                                          or not self.family.chunkable(p.prompt))]
@@ -203,6 +219,24 @@ class ModelRunner:
         ran.joined += ids
         return [logits]
 
+    def _restore(self, part: PromptPart) -> None:
+        """A prompt whose positions [0, part.start) are in the prefix cache: their blocks go into the slot after the
+        rows in use (a batch with no rows yet is made for it), and it continues from there like a long prompt. A
+        prompt that cannot be prefilled in parts (Gemma 3's pictures) has the rest in this one part."""
+        assert self.prefix is not None and part.prompt is not None and self.partial is None
+        prompt = part.prompt
+        if not self.family.chunkable(prompt):
+            part.end = len(prompt.token_ids)
+        b = self.batch
+        if b is None:
+            kv = SlotKV(self.capacity)
+            nexts = torch.empty(0, dtype=torch.long, device=self.family.device)
+            b = Batch([], [], self.family.cache.new(kv), kv, nexts)
+        keys = prompt.prefix_keys.keys[:part.start // self.prefix.block_size]
+        self.prefix.restore(keys, b.kv, b.kv.rows, len(prompt.token_ids) + 1)
+        self.batch = b
+        self.partial = Partial(part.seq_id, prompt, b.kv.rows)
+
     def _continue(self, part: PromptPart) -> Partial:
         """The long prompt this part continues (or starts), its columns in the slot after the rows in use: rows that
         left since its last part moved it down by one slot each (its `start` columns are cached)."""
@@ -223,8 +257,10 @@ class ModelRunner:
         see them in `order`, by default the same): their key/value columns [start, end), their family states (`cache`:
         the prefill's own, or the running one) and next positions; their prompt logprobs, if asked, are made."""
         f, b = self.family, self.batch
-        for seq_id, prompt in zip(seq_ids, prompts, strict=True):
+        for k, (seq_id, prompt) in enumerate(zip(seq_ids, prompts, strict=True)):
             self._prompt_done(seq_id, prompt)
+            if self.prefix is not None and prompt.prefix_keys is not None:
+                self._keep(prompt, kv, kv.rows + k, starts[k])
         kv.add_rows(starts, ends)
         nexts = torch.tensor([p.next_position for p in prompts], device=f.device)
         order = list(seq_ids if order is None else order)
@@ -238,6 +274,14 @@ class ModelRunner:
             b.positions = torch.cat([b.positions, nexts.to(b.positions.device)])
         b.reorder()
         kv.refresh()
+
+    def _keep(self, prompt: Prompt, kv: SlotKV, slot: int, start: int) -> None:
+        """`prompt`'s whole blocks into the prefix cache, from its columns in `slot` (from column `start`); a failure
+        to keep them costs later hits only."""
+        try:
+            self.prefix.store(prompt.prefix_keys.keys, kv, slot, start)
+        except Exception:
+            log.exception("keeping a prompt's blocks in the prefix cache failed")
 
     @torch.inference_mode()
     def prefill(self, seq_ids: list[int], prompts: list[Prompt]) -> torch.Tensor:
@@ -302,8 +346,9 @@ class ModelRunner:
         columns before it -> the last forward's logits [1, vocab]."""
         end = len(prompt.token_ids) if end is None else end
         logits = None
-        for at in range(start, end, PREFILL_CHUNK):
-            stop = min(at + PREFILL_CHUNK, end)
+        chunk = PREFILL_CHUNK if self.family.chunkable(prompt) else end - start  # (after a prefix-cache hit)
+        for at in range(start, end, chunk):
+            stop = min(at + chunk, end)
             step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
                               prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
             kv.plan_prefill(1, stop - at, past=at, first=slot)
@@ -444,6 +489,9 @@ class ModelRunner:
         for seq in seq_ids & self.prompt_logprobs.keys():
             del self.prompt_logprobs[seq]
         b = self.batch
+        if b is not None and not b.seq_ids and self.partial is None:
+            self.batch = None  # made for a prompt restored from the prefix cache, which left before it joined
+            return
         if b is None or not seq_ids & set(b.seq_ids):
             return
         if not set(b.seq_ids) - seq_ids and self.partial is None:

@@ -10,6 +10,9 @@ streams for all of it; a prompt longer than that is admitted alone and prefilled
 per step (a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
 once. Finished and aborted ones leave at the boundary they finish on.
 
+A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
+number) is admitted like a long one, alone, its prefill starting after the cached positions.
+
 A request of n > 1 choices is one sequence until its prompt is in, then n (`fork`): it is admitted only where all n
 fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
 """
@@ -17,6 +20,7 @@ fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.sequence import FinishReason, SeqStatus, Sequence
@@ -52,7 +56,9 @@ class Scheduler:
     """Not thread-safe: the engine serializes calls."""
 
     def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
-                 mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False) -> None:
+                 mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False,
+                 lookup: Callable[[Sequence], int] | None = None) -> None:
+        """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache)."""
         self.max_running_seqs = max_running_seqs
         self.packs_mixed_steps = packs_mixed_steps
         self.max_batch_tokens = max_batch_tokens
@@ -62,6 +68,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.prefilling: Sequence | None = None  # running, its long prompt prefilled over several steps
         self.reserved = 0  # running slots promised to the other choices of admitted n > 1 requests, not yet started
+        self.lookup = lookup
 
     @property
     def has_work(self) -> bool:
@@ -98,14 +105,19 @@ class Scheduler:
             return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, seq.prefilled,
                                                                      min(seq.prompt_len, seq.prefilled + budget)))
         room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
-        if decode and room and self.waiting[0].prompt_len > budget:
+        cached = self._cached(self.waiting[0]) if room else 0
+        if room and (cached or (decode and self.waiting[0].prompt_len > budget)):
             seq = self.prefilling = self.waiting.popleft()
+            seq.prefilled = seq.cached = cached
             self._admit(seq)
-            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, 0, budget))
+            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, cached, min(seq.prompt_len,
+                                                                                      cached + budget)))
         admitted: list[Sequence] = []
         longest = total = 0
         while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
             seq = self.waiting[0]
+            if admitted and self._cached(seq):  # it starts from the cache, alone, at the next step
+                break
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
             padded = max(longest, seq.prompt_len) * (len(admitted) + 1)
             cost = total + seq.prompt_len if decode and self.packs_mixed_steps else padded
@@ -116,6 +128,9 @@ class Scheduler:
             longest = max(longest, seq.prompt_len)
             total += seq.prompt_len
         return SchedulerOutput(prefill=admitted, decode=decode)
+
+    def _cached(self, seq: Sequence) -> int:
+        return self.lookup(seq) if self.lookup is not None else 0
 
     def _admit(self, seq: Sequence) -> None:
         seq.status = SeqStatus.RUNNING

@@ -41,6 +41,7 @@ class Prompt:
     # the scores of the forwards so far wait in `logprob_pieces` (engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
     logprob_pieces: list = field(default_factory=list)
+    prefix_keys: Any = None  # engine/prefix_cache.py PrefixKeys of its whole blocks; None = not cached
 
     @property
     def next_position(self) -> int:
@@ -143,6 +144,8 @@ class ModelFamily:
     # `mixed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
     # needs no extra inputs and the cache holds keys and values only. A family overriding any of those says False.
     packs_mixed_steps: ClassVar[bool] = True
+    # image positions attend each other both ways at prefill: a prefix-cache hit must not end inside a run of them
+    images_both_ways: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model

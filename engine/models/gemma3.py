@@ -28,6 +28,7 @@ class Gemma3(ModelFamily):
     name = "gemma3"
     model_types: ClassVar[tuple[str, ...]] = ("gemma3", "gemma3_text")
     packs_mixed_steps = False  # one mask per layer type (sliding windows) and images seen both ways
+    images_both_ways = True
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

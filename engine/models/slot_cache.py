@@ -170,6 +170,16 @@ class SlotKV:
         for layer in self.layers.values():
             layer.copy_row(src, dst, width)
 
+    def write_columns(self, idx: int, slot: int, keys: torch.Tensor, values: torch.Tensor, reserve: int) -> None:
+        """keys/values [kv_heads, n, head_dim] into columns [0, n) of `slot` in layer `idx` (a cached prefix, before
+        the row is in the table), its buffers made to hold `reserve` columns."""
+        layer = self.layer(idx)
+        n = keys.shape[1]
+        layer._reserve(keys[None], slot + 1, max(n, reserve))
+        layer.written = (max(layer.written[0], slot + 1), max(layer.written[1], n))
+        layer.k_buf[slot, :, :n] = keys
+        layer.v_buf[slot, :, :n] = values
+
     def pop(self) -> None:
         """Frees the last slot."""
         self.start.pop()

@@ -187,3 +187,60 @@ async def test_encoder_cache_gives_the_uncached_tokens_and_counts_hits(case, eng
         assert small.bytes <= small.budget and len(small) < len(seen)
     finally:
         family.encoder_cache = kept
+
+
+def _prefix_counts() -> tuple[float, float]:
+    """(queries, hits) in prompt positions, as the engine's metrics count them so far."""
+    from prometheus_client import REGISTRY
+
+    return tuple(REGISTRY.get_sample_value(f"splice_engine_prefix_cache_{n}_total") or 0.0
+                 for n in ("queries", "hits"))
+
+
+@pytest.mark.parametrize("case", ALL)
+async def test_prefix_cache_gives_the_uncached_tokens(case, engines, tiny_dirs):
+    """Chats built by the preprocessor (prompt embeds, pictures, a second turn re-sending both): each request's
+    tokens with the cache equal its tokens from an empty cache; repeats and second turns hit, requests that differ
+    only in embedding rows or in a picture of the same size hit only before the difference."""
+    engine = engines(case.tiny)
+    info = engine.info
+    core = PreprocessorCore(load_model_files(tiny_dirs[case.tiny]), info)
+    pic = [png_bytes(*case.picture_size, seed=s) for s in (0, 1)] if case.images else [None, None]
+
+    def chat(rows_seed: int, picture: int, second_turn: bool = False):
+        first = ["Soft prompt:", rows(4, info.hidden_size, seed=rows_seed), "then",
+                 *([pic[picture]] if case.images else []), "Describe it in a few words, please."]
+        turns = [("user", first)]
+        if second_turn:
+            turns += [("assistant", ["It is a small picture of stripes."]), ("user", ["And again?"])]
+        sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        return core.normalize_chat(conversation(*turns), sampling).request
+
+    reqs = {"first": chat(1, 0), "rows apart": chat(2, 0), "picture apart": chat(1, 1),
+            "second turn": chat(1, 0, second_turn=True)}
+    uncached = {}
+    for name, req in reqs.items():
+        await engine.reset_prefix_cache()
+        uncached[name] = (await collect(engine, req))[0]
+    await engine.reset_prefix_cache()
+    assert (await collect(engine, reqs["first"]))[0] == uncached["first"]
+    size = engine.cfg.block_size
+    first = reqs["first"]
+    span = first.embed_spans[0]
+    image_at = first.token_ids.index(info.image_token_id) if case.images else len(first.token_ids)
+    expect = {  # positions each request can take from the cache holding "first" (then its own blocks are kept)
+        "first": (first.prompt_len - 1) // size * size,
+        "rows apart": span.offset // size * size,
+        "picture apart": min(image_at // size * size, (first.prompt_len - 1) // size * size),
+        "second turn": first.prompt_len // size * size,
+    }
+    for name in ("first", "rows apart", "picture apart", "second turn"):
+        before = _prefix_counts()
+        assert (await collect(engine, reqs[name]))[0] == uncached[name], name
+        queries, hits = (after - b for after, b in zip(_prefix_counts(), before, strict=True))
+        if engine.prefix is None:  # hybrid recurrent families: served without it
+            assert not engine.family.cache.chunkable and (queries, hits) == (0, 0)
+            continue
+        assert queries == reqs[name].prompt_len
+        assert hits == expect[name] if case.tiny != "tiny-gemma3" else hits <= expect[name], name
+        assert hits > 0 or name in ("rows apart", "picture apart"), name
