@@ -30,6 +30,8 @@ ENCODER_CACHE_HITS = Counter("splice_engine_encoder_cache_hits",
                              "Encoder cache lookups answered without running the vision tower")
 ENCODER_CACHE_BYTES = Gauge("splice_engine_encoder_cache_bytes",
                             "Bytes of vision-tower outputs the encoder cache holds")
+PREFIX_CACHE_RESETS = Counter("splice_engine_prefix_cache_resets",
+                              "ResetPrefixCache calls this replica carried out (vLLM's /reset_prefix_cache)")
 
 # label children resolved once: the loop pays no label lookup
 _PREFILL_SECONDS = STEP_SECONDS.labels(phase="prefill")
