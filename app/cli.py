@@ -168,7 +168,7 @@ def _secured(args: argparse.Namespace) -> str:
 
 # `splice chat` flags that map one-to-one onto SamplingParams fields (given = sent; the server checks the values)
 CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                 "min_tokens", "top_logprobs", "prompt_logprobs", "n")
+                 "min_tokens", "top_logprobs", "prompt_logprobs", "n", "cache_salt")
 # ... and onto ChatRequest fields
 CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
                "tool_choice", "parallel_tool_calls")
@@ -499,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
                    help="[0, 20]; print each prompt token's log-probability and rank, and the N most likely tokens "
                         "at each prompt position (on stderr)")
+    p.add_argument("--cache-salt", default=None, metavar="SALT",
+                   help="vLLM's cache_salt: cached prompt prefixes are reused only between requests with the same "
+                        "salt (1..256 characters)")
     p.add_argument("--structured-outputs", type=_json(dict), metavar="JSON",
                    help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
                         """regex, choice, grammar (EBNF), json_object, structural_tag, """

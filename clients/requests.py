@@ -63,8 +63,9 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
     server's default. `sampling` takes SamplingParams' fields by vLLM's names: temperature, top_p, top_k, seed,
     max_tokens, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, skip_special_tokens, presence_penalty,
     frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias, allowed_token_ids, bad_words,
-    include_stop_str_in_output; a structured output as `structured` (a StructuredOutput) or by vLLM's fields
-    (response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar).
+    include_stop_str_in_output, prompt_logprobs, logprob_token_ids, n, cache_salt; a structured output as
+    `structured` (a StructuredOutput) or by vLLM's fields (response_format, structured_outputs, guided_json /
+    guided_regex / guided_choice / guided_grammar).
     `tools`, `tool_choice`, `parallel_tool_calls`: OpenAI's (a chunk's tool_calls carry the calls found). With
     `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],

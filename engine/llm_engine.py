@@ -176,7 +176,7 @@ class LLMEngine:
         inputs = req.model_inputs
         pieces = f.image_pieces(inputs) if inputs and IMAGE_EMBEDS not in inputs else []
         rows = [f.images.expected_rows(p) for p in pieces]
-        root = cache_root(self.m.info.fingerprint, size, getattr(req.sampling, "cache_salt", None))
+        root = cache_root(self.m.info.fingerprint, size, req.sampling.cache_salt)
         return prefix_keys(req, size, root, f.image_token_id, pieces, rows, req.image_keys, f.images_both_ways)
 
     def _cached(self, seq: Sequence) -> int:

@@ -37,6 +37,8 @@ PREFIX_CACHE_HITS = Counter("splice_engine_prefix_cache_hits",
                             "Prompt positions read from the prefix cache instead of prefilled (vLLM's "
                             "prefix_cache_hits)")
 PREFIX_CACHE_BLOCKS = Gauge("splice_engine_prefix_cache_blocks", "Key/value blocks the prefix cache holds")
+PREFIX_CACHE_RESETS = Counter("splice_engine_prefix_cache_resets",
+                              "ResetPrefixCache calls this replica carried out (vLLM's /reset_prefix_cache)")
 
 # label children resolved once: the loop pays no label lookup
 _PREFILL_SECONDS = STEP_SECONDS.labels(phase="prefill")

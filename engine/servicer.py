@@ -6,6 +6,7 @@ Generation starts as soon as the request is whole (its header and every tensor b
 at the stream's half-close, which comes in a later frame: the half-close (or a part too many, an error) is read
 beside the generation.
 GenerateWhole (the same parts in one message) is checked as that stream is, all at once.
+ResetPrefixCache forgets this replica's cached prefixes (the preprocessor calls every replica).
 Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
 preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
 """
@@ -20,6 +21,7 @@ import grpc
 
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
+from engine.metrics import PREFIX_CACHE_RESETS
 from splice.engine_wire import RequestAssembler
 from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
@@ -191,3 +193,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def GetModelInfo(self, request: common_pb2.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         return self._ready().info.to_pb()
+
+    async def ResetPrefixCache(self, request: engine_pb2.ResetPrefixCacheRequest,
+                               context: grpc.aio.ServicerContext) -> engine_pb2.ResetPrefixCacheResponse:
+        engine = self._ready()
+        await engine.reset_prefix_cache()  # (done by the engine thread at its next step boundary)
+        PREFIX_CACHE_RESETS.inc()
+        return engine_pb2.ResetPrefixCacheResponse()

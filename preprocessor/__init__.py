@@ -18,7 +18,8 @@ Request lifecycle (DESIGN.md steps 1-7), one file per step:
   stream.py      engine tokens -> detokenizer.py (whole characters only) -> stop.py -> GenerationChunks
   core.py        PreprocessorCore: the RPCs on dataclasses, no grpc
   engine_link.py the engine connection: watches the engine, holds the current core, readiness;
-                 engine_client.py its Generate / GetModelInfo calls
+                 engine_client.py its Generate / GetModelInfo calls; engine_replicas.py every replica
+                 behind the target, each called on its own (ResetPrefixCache)
   servicer.py / server.py / cli.py   the grpc.aio shell (wiring only); metrics.py its Prometheus metrics
   http/          the OpenAI-compatible HTTP face (FastAPI + uvicorn on the same event loop and engine link):
                  schemas.py bodies -> convert.py content dataclasses -> the same core calls -> responses.py

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from preprocessor.engine_replicas import ReplicaFailure, reset_every_replica
 from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
 from splice.engine_wire import encode_header, encode_request, encode_whole
@@ -47,6 +48,8 @@ class EngineClient:
         `ipv4:h1:p,h2:p`) balanced by their reported load; `tls`: reach the engine over TLS (with a client
         certificate for mTLS); `api_key`: the engine's key."""
         self.target = target
+        self._tls = tls
+        self._api_key = api_key
         # Tensor chunks keep each message small; responses are small too, so default limits suffice.
         options = replica_options(ENGINE_SERVICE, weighted=True, health_check=True)
         self._channel = channel(target, tls, options, aio=True)
@@ -90,6 +93,11 @@ class EngineClient:
             raise map_rpc_error(exc, self.target) from None
         finally:
             call.cancel()  # no-op when the call already ended
+
+    async def reset_prefix_cache(self) -> tuple[list[str], list[ReplicaFailure]]:
+        """ResetPrefixCache on every replica behind the target, each on its own channel (this one's balancing
+        would reach one): the addresses reset, and those that failed."""
+        return await reset_every_replica(self.target, self._tls, self._api_key)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -21,11 +21,12 @@ from collections.abc import Awaitable, Callable
 
 from preprocessor.core import PreprocessorCore
 from preprocessor.engine_client import EngineClient
+from preprocessor.engine_replicas import ReplicaFailure
 from preprocessor.limits import Limits
 from preprocessor.metrics import ENGINE_CONNECTED
 from preprocessor.model_files import ModelFiles, load_model_files
 from preprocessor.template_sandbox import TemplateSandbox
-from splice.errors import SpliceError, Unavailable
+from splice.errors import FailedPrecondition, SpliceError, Unavailable
 from splice.model_info import ModelInfo
 from splice.security import ClientTLS
 from splice.service_main import Resolve
@@ -73,6 +74,12 @@ class EngineLink:
         if self._core is None:
             raise Unavailable(f"the preprocessor has not reached the engine at {self.target} yet")
         return self._core
+
+    async def reset_prefix_cache(self) -> tuple[list[str], list[ReplicaFailure]]:
+        """Every engine replica's prefix cache reset: the addresses reset, and those that failed."""
+        if self._client is None:
+            raise FailedPrecondition("this preprocessor serves an in-process core: there is no engine to reset")
+        return await self._client.reset_prefix_cache()
 
     async def start(self, on_serving: OnServing | None = None) -> None:
         self._on_serving = on_serving

@@ -50,6 +50,9 @@ MAX_STRUCTURED_SPEC = 64 * 1024
 # The engine refuses a structured output whose grammar takes longer than this to compile (--structured-compile-timeout;
 # ordinary schemas compile in well under a second).
 DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S = 10.0
+# cache_salt, in characters: it only separates one tenant's cached prefixes from another's, so a salt this long is
+# plenty (a UUID is 36) and a request cannot carry megabytes in it.
+MAX_CACHE_SALT = 256
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
@@ -96,6 +99,9 @@ class SamplingParams:
     # choices from the one prompt, [1, 128]: prefilled once, then n sequences; with a seed, choice i samples with
     # seed + i (vLLM's parallel sampling), so it equals a request of n = 1 with that seed (`choice`)
     n: int = 1
+    # vLLM's cache_salt, 1..MAX_CACHE_SALT characters: the prefix cache reuses a prefix only between requests with
+    # the same salt (None = unsalted, shared with other unsalted requests)
+    cache_salt: str | None = None
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +129,16 @@ class SamplingParams:
             if not s or len(s) > MAX_STOP_LEN:
                 raise InvalidArgument(f"sampling.stop[{i}] must be 1..{MAX_STOP_LEN} characters, got {len(s)}")
         self._check_controls()
+        self._check_cache_salt()
+
+    def _check_cache_salt(self) -> None:
+        salt = self.cache_salt
+        if salt is None:
+            return
+        if not isinstance(salt, str) or not salt:  # vLLM's rule and words
+            raise InvalidArgument("Parameter 'cache_salt' must be a non-empty string if provided.")
+        if len(salt) > MAX_CACHE_SALT:
+            raise InvalidArgument(f"sampling.cache_salt is {len(salt)} characters; at most {MAX_CACHE_SALT}")
 
     def _check_controls(self) -> None:
         _check_range("top_logprobs", self.top_logprobs)
@@ -252,6 +268,7 @@ class SamplingParams:
             logprob_token_ids=tuple(pb.logprob_token_ids),
             structured=_structured_from_pb(pb.structured) if pb.HasField("structured") else None,
             n=pb.n if pb.HasField("n") else 1,
+            cache_salt=pb.cache_salt if pb.HasField("cache_salt") else None,
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -289,6 +306,8 @@ class SamplingParams:
             pb.repetition_penalty = self.repetition_penalty
         if self.n != 1:
             pb.n = self.n
+        if self.cache_salt is not None:
+            pb.cache_salt = self.cache_salt
         return pb
 
 

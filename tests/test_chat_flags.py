@@ -29,12 +29,12 @@ def test_every_control_flag_reaches_sampling_params():
                     "--logit-bias", "50=-100", "--logit-bias", "7=2.5", "--bad-words", "red", "--bad-words", "blue",
                     "--stop", "END", "--include-stop-str-in-output", "--allowed-token-ids", "1,2,3",
                     "--stop-token-ids", "9", "--ignore-eos", "--no-skip-special-tokens", "--top-logprobs", "5",
-                    "--n", "3")
+                    "--n", "3", "--cache-salt", "tenant-a")
     p = SamplingParams(**got)
     assert (p.seed, p.top_p, p.top_k, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p,
             p.min_tokens) == (3, 0.9, 5, 0.5, -1.0, 1.2, 0.1, 4)
     assert p.logit_bias == ((7, 2.5), (50, -100.0)) and p.bad_words == ("red", "blue")
-    assert p.stop == ("END",) and p.include_stop_str_in_output and p.n == 3
+    assert p.stop == ("END",) and p.include_stop_str_in_output and p.n == 3 and p.cache_salt == "tenant-a"
     assert p.allowed_token_ids == (1, 2, 3) and p.stop_token_ids == (9,) and p.ignore_eos
     assert not p.skip_special_tokens and p.logprobs and p.top_logprobs == 5  # (top_logprobs implies logprobs)
     assert SamplingParams(**_sampling("--logprobs")).logprobs

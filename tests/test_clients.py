@@ -51,7 +51,7 @@ VLLM_SAMPLING = {"temperature": 0.5, "top_p": 0.75, "top_k": 5, "seed": 7, "max_
                  "skip_special_tokens": False, "presence_penalty": 0.5, "frequency_penalty": -1.0,
                  "repetition_penalty": 1.25, "min_p": 0.125, "min_tokens": 2, "logit_bias": {"50": -100.0},
                  "allowed_token_ids": [1, 2], "bad_words": ["red"], "include_stop_str_in_output": True,
-                 "prompt_logprobs": 3, "logprob_token_ids": [5, 6, 7, 8], "n": 3}
+                 "prompt_logprobs": 3, "logprob_token_ids": [5, 6, 7, 8], "n": 3, "cache_salt": "tenant-a"}
 
 
 def test_every_sampling_field_reaches_the_request_by_vllms_name():

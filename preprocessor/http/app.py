@@ -6,6 +6,7 @@ needs it (auth.py), /metrics and the docs unless opened.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from importlib.metadata import version as _dist_version
@@ -35,8 +36,10 @@ from preprocessor.http.schemas import (
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from preprocessor.request_bounds import check_counts_only
 from preprocessor.tools.choice import constrain, constraint_for
-from splice.errors import NotFound
+from splice.errors import InvalidArgument, NotFound
 from splice.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 # Not a real status: nginx's "client closed request", for the log line of an answer nobody reads.
 CLIENT_CLOSED = 499
@@ -84,6 +87,32 @@ def _charge_whole_answer(core: PreprocessorCore, prepared: Prepared, shape: Shap
         nbytes += positions * shape.prompt_position_bytes(sampling.prompt_logprobs, alternatives)
         what += f"; prompt logprobs of {positions} positions"
     charge(nbytes, what + ")")
+
+
+RESET_QUERY = ("reset_running_requests", "reset_external")
+
+
+async def _reset_prefix_cache(link: EngineLink, request: Request, reset_running_requests: bool) -> Response:
+    """vLLM's /reset_prefix_cache on every engine replica: 200 with no body when each was reset; otherwise 503 (every
+    failure an unreachable replica) or 502, naming each replica that was not reset and why."""
+    unknown = sorted(set(request.query_params) - set(RESET_QUERY))
+    if unknown:
+        raise InvalidArgument(f"/reset_prefix_cache takes the query parameters {', '.join(RESET_QUERY)}; got "
+                              f"{', '.join(unknown)[:200]}")
+    if reset_running_requests:
+        raise InvalidArgument("reset_running_requests=true is not supported: running requests are not preempted; "
+                              "they keep their blocks (the reset forgets every other cached prefix), so leave it "
+                              "false or unset")
+    log.info("resetting the prefix cache of every engine replica at %s", link.target)
+    done, failed = await link.reset_prefix_cache()
+    if not failed:
+        return Response(status_code=200)
+    unavailable = all(f.code == "UNAVAILABLE" for f in failed)
+    named = "; ".join(f"{f.address} ({f.code}: {f.message})" for f in failed)
+    message = (f"the prefix cache was reset on {len(done)} of {len(done) + len(failed)} engine replicas at "
+               f"{link.target}; not on: {named}")
+    log.warning("%s", message)
+    return error_response(503 if unavailable else 502, message, "UNAVAILABLE" if unavailable else "INTERNAL")
 
 
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
@@ -151,6 +180,13 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         if body.stream:
             return await stream_response(request, chunks, shape)
         return await whole_response(request, chunks, shape, prepared.choices)
+
+    @api.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request, reset_running_requests: bool = False,
+                                 reset_external: bool = False) -> Response:
+        """vLLM's: forgets every engine replica's cached prefixes. reset_external: there is no external
+        (connector-held) prefix cache here, so true asks for nothing more."""
+        return await _reset_prefix_cache(link, request, reset_running_requests)
 
     @api.get("/v1/models")
     async def models() -> dict:

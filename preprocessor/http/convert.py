@@ -227,6 +227,7 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         structured=asked[1] if asked else None,
         n=body.n,
+        cache_salt=body.cache_salt,
         **controls,
     )
     if asked:  # (after SamplingParams' size cap) parsed now, so that a bad spec is a 400 naming its field
@@ -303,7 +304,6 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
 # effect either). Listed against vLLM's own field lists by
 # tests/preprocessor/test_vllm_fields.py.
 NOT_SERVED: dict[str, tuple[Any, ...]] = {
-    "cache_salt": (),  # until the prefix cache honours it
     "priority": (0,),
     "thinking_token_budget": (),
     "repetition_detection": (),

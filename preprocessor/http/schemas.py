@@ -194,6 +194,9 @@ class GenerationFields(_Request):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    # vLLM's: the prefix cache reuses a prefix only between requests with the same salt (SamplingParams checks it:
+    # non-empty, bounded)
+    cache_salt: str | None = None
 
 
 class ChatCompletionRequest(GenerationFields):

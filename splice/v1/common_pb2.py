@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/common.proto\x12\tsplice.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"1\n\x0bTensorChunk\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xf3\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x06\x88\x01\x01\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12<\n\nlogit_bias\x18\x10 \x03(\x0b\x32(.splice.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x11 \x03(\x05\x12\x11\n\tbad_words\x18\x12 \x03(\t\x12\x35\n\x13\x62\x61\x64_words_token_ids\x18\x13 \x03(\x0b\x32\x18.splice.v1.TokenSequence\x12\"\n\x1ainclude_stop_str_in_output\x18\x14 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x15 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x16 \x01(\rH\x07\x88\x01\x01\x12\x19\n\x11logprob_token_ids\x18\x17 \x03(\x05\x12\x0e\n\x01n\x18\x18 \x01(\rH\x08\x88\x01\x01\x12/\n\nstructured\x18\x19 \x01(\x0b\x32\x1b.splice.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x16\n\x14_skip_special_tokensB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobsB\x04\n\x02_n\"\xe0\x01\n\x10StructuredOutput\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .splice.v1.StructuredOutput.Kind\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\x8d\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_JSON\x10\x01\x12\x14\n\x10KIND_JSON_OBJECT\x10\x02\x12\x0e\n\nKIND_REGEX\x10\x03\x12\x0f\n\x0bKIND_CHOICE\x10\x04\x12\x10\n\x0cKIND_GRAMMAR\x10\x05\x12\x17\n\x13KIND_STRUCTURAL_TAG\x10\x06\"\x89\x01\n\x0ePromptLogprobs\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"\x1c\n\rTokenSequence\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"A\n\tEmbedSpan\x12\x0e\n\x06offset\x18\x01 \x01(\r\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x14\n\x0ctensor_index\x18\x03 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\xf1\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_rows\x18\x03 \x01(\r\x12\x13\n\x0bhidden_size\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x1b\n\x0eimage_token_id\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12)\n\x0binput_kinds\x18\x08 \x03(\x0e\x32\x14.splice.v1.InputKind\x12\x15\n\reos_token_ids\x18\t \x03(\x05\x42\x11\n\x0f_image_token_id*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*p\n\tInputKind\x12\x1a\n\x16INPUT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fINPUT_KIND_TEXT\x10\x01\x12\x1c\n\x18INPUT_KIND_PROMPT_EMBEDS\x10\x02\x12\x14\n\x10INPUT_KIND_IMAGE\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/common.proto\x12\tsplice.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"1\n\x0bTensorChunk\x12\x14\n\x0ctensor_index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x9b\x07\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x06\x88\x01\x01\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12<\n\nlogit_bias\x18\x10 \x03(\x0b\x32(.splice.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x11 \x03(\x05\x12\x11\n\tbad_words\x18\x12 \x03(\t\x12\x35\n\x13\x62\x61\x64_words_token_ids\x18\x13 \x03(\x0b\x32\x18.splice.v1.TokenSequence\x12\"\n\x1ainclude_stop_str_in_output\x18\x14 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x15 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x16 \x01(\rH\x07\x88\x01\x01\x12\x19\n\x11logprob_token_ids\x18\x17 \x03(\x05\x12\x0e\n\x01n\x18\x18 \x01(\rH\x08\x88\x01\x01\x12/\n\nstructured\x18\x19 \x01(\x0b\x32\x1b.splice.v1.StructuredOutput\x12\x17\n\ncache_salt\x18\x1a \x01(\tH\t\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x16\n\x14_skip_special_tokensB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobsB\x04\n\x02_nB\r\n\x0b_cache_salt\"\xe0\x01\n\x10StructuredOutput\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .splice.v1.StructuredOutput.Kind\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\x8d\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_JSON\x10\x01\x12\x14\n\x10KIND_JSON_OBJECT\x10\x02\x12\x0e\n\nKIND_REGEX\x10\x03\x12\x0f\n\x0bKIND_CHOICE\x10\x04\x12\x10\n\x0cKIND_GRAMMAR\x10\x05\x12\x17\n\x13KIND_STRUCTURAL_TAG\x10\x06\"\x89\x01\n\x0ePromptLogprobs\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"\x1c\n\rTokenSequence\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"A\n\tEmbedSpan\x12\x0e\n\x06offset\x18\x01 \x01(\r\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x14\n\x0ctensor_index\x18\x03 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\xf1\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_rows\x18\x03 \x01(\r\x12\x13\n\x0bhidden_size\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x1b\n\x0eimage_token_id\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12)\n\x0binput_kinds\x18\x08 \x03(\x0e\x32\x14.splice.v1.InputKind\x12\x15\n\reos_token_ids\x18\t \x03(\x05\x42\x11\n\x0f_image_token_id*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*p\n\tInputKind\x12\x1a\n\x16INPUT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fINPUT_KIND_TEXT\x10\x01\x12\x1c\n\x18INPUT_KIND_PROMPT_EMBEDS\x10\x02\x12\x14\n\x10INPUT_KIND_IMAGE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1818
-  _globals['_FINISHREASON']._serialized_end=1943
-  _globals['_INPUTKIND']._serialized_start=1945
-  _globals['_INPUTKIND']._serialized_end=2057
+  _globals['_FINISHREASON']._serialized_start=1858
+  _globals['_FINISHREASON']._serialized_end=1983
+  _globals['_INPUTKIND']._serialized_start=1985
+  _globals['_INPUTKIND']._serialized_end=2097
   _globals['_TENSOR']._serialized_start=37
   _globals['_TENSOR']._serialized_end=89
   _globals['_TENSORCHUNK']._serialized_start=91
   _globals['_TENSORCHUNK']._serialized_end=140
   _globals['_SAMPLINGPARAMS']._serialized_start=143
-  _globals['_SAMPLINGPARAMS']._serialized_end=1026
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=845
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=893
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1029
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1253
-  _globals['_STRUCTUREDOUTPUT_KIND']._serialized_start=1112
-  _globals['_STRUCTUREDOUTPUT_KIND']._serialized_end=1253
-  _globals['_PROMPTLOGPROBS']._serialized_start=1256
-  _globals['_PROMPTLOGPROBS']._serialized_end=1393
-  _globals['_TOKENSEQUENCE']._serialized_start=1395
-  _globals['_TOKENSEQUENCE']._serialized_end=1423
-  _globals['_USAGE']._serialized_start=1425
-  _globals['_USAGE']._serialized_end=1482
-  _globals['_EMBEDSPAN']._serialized_start=1484
-  _globals['_EMBEDSPAN']._serialized_end=1549
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1551
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1572
-  _globals['_MODELINFO']._serialized_start=1575
-  _globals['_MODELINFO']._serialized_end=1816
+  _globals['_SAMPLINGPARAMS']._serialized_end=1066
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=870
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=918
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1069
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1293
+  _globals['_STRUCTUREDOUTPUT_KIND']._serialized_start=1152
+  _globals['_STRUCTUREDOUTPUT_KIND']._serialized_end=1293
+  _globals['_PROMPTLOGPROBS']._serialized_start=1296
+  _globals['_PROMPTLOGPROBS']._serialized_end=1433
+  _globals['_TOKENSEQUENCE']._serialized_start=1435
+  _globals['_TOKENSEQUENCE']._serialized_end=1463
+  _globals['_USAGE']._serialized_start=1465
+  _globals['_USAGE']._serialized_end=1522
+  _globals['_EMBEDSPAN']._serialized_start=1524
+  _globals['_EMBEDSPAN']._serialized_end=1589
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1591
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1612
+  _globals['_MODELINFO']._serialized_start=1615
+  _globals['_MODELINFO']._serialized_end=1856
 # @@protoc_insertion_point(module_scope)

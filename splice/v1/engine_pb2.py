@@ -25,23 +25,27 @@ _sym_db = _symbol_database.Default()
 from splice.v1 import common_pb2 as splice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/engine.proto\x12\tsplice.v1\x1a\x16splice/v1/common.proto\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xd2\x01\n\x0eGenerateHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x03 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12&\n\x07tensors\x18\x04 \x03(\x0b\x32\x15.splice.v1.TensorMeta\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\"s\n\x13GenerateRequestPart\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.splice.v1.GenerateHeaderH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"@\n\x0fGenerateRequest\x12-\n\x05parts\x18\x01 \x03(\x0b\x32\x1e.splice.v1.GenerateRequestPart\"\xf8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\x12\x32\n\x0fprompt_logprobs\x18\x07 \x01(\x0b\x32\x19.splice.v1.PromptLogprobs\x12\r\n\x05index\x18\x08 \x01(\r2\xe7\x01\n\x06\x45ngine\x12K\n\x08Generate\x12\x1e.splice.v1.GenerateRequestPart\x1a\x1b.splice.v1.GenerateResponse(\x01\x30\x01\x12J\n\rGenerateWhole\x12\x1a.splice.v1.GenerateRequest\x1a\x1b.splice.v1.GenerateResponse0\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/engine.proto\x12\tsplice.v1\x1a\x16splice/v1/common.proto\"\x19\n\x17ResetPrefixCacheRequest\"\x1a\n\x18ResetPrefixCacheResponse\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xd2\x01\n\x0eGenerateHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x03 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12&\n\x07tensors\x18\x04 \x03(\x0b\x32\x15.splice.v1.TensorMeta\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\"s\n\x13GenerateRequestPart\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.splice.v1.GenerateHeaderH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"@\n\x0fGenerateRequest\x12-\n\x05parts\x18\x01 \x03(\x0b\x32\x1e.splice.v1.GenerateRequestPart\"\xf8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\x12\x32\n\x0fprompt_logprobs\x18\x07 \x01(\x0b\x32\x19.splice.v1.PromptLogprobs\x12\r\n\x05index\x18\x08 \x01(\r2\xc4\x02\n\x06\x45ngine\x12K\n\x08Generate\x12\x1e.splice.v1.GenerateRequestPart\x1a\x1b.splice.v1.GenerateResponse(\x01\x30\x01\x12J\n\rGenerateWhole\x12\x1a.splice.v1.GenerateRequest\x1a\x1b.splice.v1.GenerateResponse0\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfo\x12[\n\x10ResetPrefixCache\x12\".splice.v1.ResetPrefixCacheRequest\x1a#.splice.v1.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splice.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORMETA']._serialized_start=61
-  _globals['_TENSORMETA']._serialized_end=117
-  _globals['_GENERATEHEADER']._serialized_start=120
-  _globals['_GENERATEHEADER']._serialized_end=330
-  _globals['_GENERATEREQUESTPART']._serialized_start=332
-  _globals['_GENERATEREQUESTPART']._serialized_end=447
-  _globals['_GENERATEREQUEST']._serialized_start=449
-  _globals['_GENERATEREQUEST']._serialized_end=513
-  _globals['_GENERATERESPONSE']._serialized_start=516
-  _globals['_GENERATERESPONSE']._serialized_end=764
-  _globals['_ENGINE']._serialized_start=767
-  _globals['_ENGINE']._serialized_end=998
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=61
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=86
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=88
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=114
+  _globals['_TENSORMETA']._serialized_start=116
+  _globals['_TENSORMETA']._serialized_end=172
+  _globals['_GENERATEHEADER']._serialized_start=175
+  _globals['_GENERATEHEADER']._serialized_end=385
+  _globals['_GENERATEREQUESTPART']._serialized_start=387
+  _globals['_GENERATEREQUESTPART']._serialized_end=502
+  _globals['_GENERATEREQUEST']._serialized_start=504
+  _globals['_GENERATEREQUEST']._serialized_end=568
+  _globals['_GENERATERESPONSE']._serialized_start=571
+  _globals['_GENERATERESPONSE']._serialized_end=819
+  _globals['_ENGINE']._serialized_start=822
+  _globals['_ENGINE']._serialized_end=1146
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResetPrefixCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetPrefixCacheResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape")
     NAME_FIELD_NUMBER: _ClassVar[int]

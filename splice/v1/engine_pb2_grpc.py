@@ -50,6 +50,11 @@ class EngineStub:
                 request_serializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=splice_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.ResetPrefixCache = channel.unary_unary(
+                '/splice.v1.Engine/ResetPrefixCache',
+                request_serializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -79,6 +84,14 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetPrefixCache(self, request, context):
+        """Forgets every cached prompt prefix of this replica (vLLM's /reset_prefix_cache): requests after it prefill
+        from scratch. The preprocessor calls each replica behind its target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +109,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.FromString,
                     response_serializer=splice_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+            ),
+            'ResetPrefixCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetPrefixCache,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +197,33 @@ class Engine:
             '/splice.v1.Engine/GetModelInfo',
             splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
             splice_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetPrefixCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splice.v1.Engine/ResetPrefixCache',
+            splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

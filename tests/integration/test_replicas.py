@@ -11,6 +11,7 @@ import threading
 import time
 
 import grpc
+import httpx
 import pytest
 
 from app.launch import Service, start, wait_healthy
@@ -69,6 +70,33 @@ def test_both_replicas_serve(fleet):
     print(f"16 requests over two replicas: {served}")
     assert len(answers) == 1, "the same greedy answer from either replica"
     assert sum(served) == 16 and min(served) >= 4, served
+
+
+def _resets(engine: Service) -> float:
+    return total(scrape(engine), "splice_engine_prefix_cache_resets_total")
+
+
+def test_reset_prefix_cache_reaches_every_replica_behind_the_key(fleet):
+    """vLLM's POST /reset_prefix_cache on the HTTP face: one ResetPrefixCache per replica behind `--engine`, each
+    counted by that replica; without the key nothing is reset."""
+    import os
+    from unittest import mock
+
+    engines, _ = fleet
+    target = "ipv4:" + ",".join(e.address for e in engines)
+    with mock.patch.dict(os.environ, {"SPLICE_API_KEY": "reset-key"}):
+        pre = start("preprocessor", ["--engine", target, "--port", "0", "--http-port", "0"])
+    try:
+        wait_healthy(pre.address)
+        url = f"http://{pre.http_address}/reset_prefix_cache"
+        before = [_resets(e) for e in engines]
+        assert httpx.post(url, timeout=60).status_code == 401
+        assert [_resets(e) for e in engines] == before
+        r = httpx.post(url, headers={"Authorization": "Bearer reset-key"}, timeout=60)
+        assert r.status_code == 200 and r.content == b"", r.text  # vLLM's answer: 200, no body
+        assert [_resets(e) - b for e, b in zip(engines, before, strict=True)] == [1, 1]
+    finally:
+        pre.stop(grace=5)
 
 
 def _hold_stream(engine: Service) -> None:

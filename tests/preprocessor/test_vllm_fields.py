@@ -45,7 +45,7 @@ INERT = {
     "include_reasoning": "acts through a reasoning parser; there is none (vLLM without --reasoning-parser: no effect)",
 }
 ASKING = {  # a value of each NOT_SERVED field that asks for something
-    "cache_salt": "tenant-a", "priority": 5, "thinking_token_budget": 64,
+    "priority": 5, "thinking_token_budget": 64,
     "repetition_detection": {"max_pattern_size": 8}, "media_io_kwargs": {"image": {"mode": "L"}},
     "truncation_side": "left", "watermarking": True, "return_tokens_as_token_ids": True, "return_token_offsets": True,
     "return_prompt_text": True, "return_weight_versions": True, "return_mm_kwargs": True, "mm_payload": "none",
@@ -83,8 +83,8 @@ def test_a_not_served_field_that_asks_is_refused_by_name(name):
 async def test_refusals_and_inert_fields_over_http(tiny_dirs, tiny):
     async with http_face(tiny_dirs, tiny, "tiny-text") as face:
         for route, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "Hi"})):
-            r = await face.http.post(route, json={**body, "max_tokens": 2, "cache_salt": "tenant-a"})
-            assert r.status_code == 400 and "cache_salt is not supported" in r.json()["error"]["message"]
+            r = await face.http.post(route, json={**body, "max_tokens": 2, "priority": 5})
+            assert r.status_code == 400 and "priority is not supported" in r.json()["error"]["message"]
             r = await face.http.post(route, json={**body, "max_tokens": 2, "priority": 0, "user": "u",
                                                   "session_id": "s", "include_reasoning": False})
             assert r.status_code == 200, r.text
