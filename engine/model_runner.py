@@ -480,6 +480,22 @@ class ModelRunner:
         b.reorder()
         b.kv.refresh()
 
+    def keep_generated(self, seq_id: int, keys: list[bytes], first: int) -> None:
+        """Blocks `first`, first + 1, ... of a running row (`keys`: theirs, from engine/prefix_cache.py
+        PrefixKeys.extend) into the prefix cache, as far as its columns are written: its generated tokens, which a
+        multi-turn chat's next prompt re-sends."""
+        b = self.batch
+        if self.prefix is None or b is None or seq_id not in b.slot_seqs or not keys:
+            return
+        slot, size = b.slot_seqs.index(seq_id), self.prefix.block_size
+        start = b.kv.start[slot]
+        whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
+        if whole > 0:
+            try:
+                self.prefix.store(keys[:whole], b.kv, slot, start + first * size)
+            except Exception:
+                log.exception("keeping a sequence's generated blocks in the prefix cache failed")
+
     @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:
         """Drops rows now: each leaving slot takes the last slot's row, and the slot count shrinks (a long prompt

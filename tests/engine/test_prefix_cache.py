@@ -185,3 +185,16 @@ async def test_a_small_budget_evicts_and_the_tokens_stay(tiny_dirs):
             assert engine.prefix.blocks <= capacity
     finally:
         engine.stop()
+
+
+async def test_a_next_turn_reads_the_generated_tokens_blocks(engine):
+    await engine.reset_prefix_cache()
+    prompt = random_ids(50, seed=8)
+    answer, _ = await collect(engine, text_request(prompt, "turn1", max_tokens=40))
+    turn2 = text_request([*prompt, *answer, *random_ids(12, seed=9)], "turn2", max_tokens=6)
+    want = (await _solo(engine, [turn2]))[0]
+    await collect(engine, text_request(prompt, "turn1", max_tokens=40))
+    hits = _hits()
+    assert (await collect(engine, turn2))[0] == want
+    # the prompt's and the answer's whole blocks, all but the answer's last token (never fed through the model)
+    assert _hits() - hits == (50 + 40 - 1) // 16 * 16
