@@ -154,6 +154,8 @@ class PrefixCache:
         self._v: dict[int, torch.Tensor] = {}
         self._table: OrderedDict[bytes, int] = OrderedDict()  # key -> pool index, least recently used first
         self._free: list[int] = []  # pool indexes not holding a block, lowest last (taken first: pages stay cold)
+        # blocks a restore of the current step will read: never evicted by the blocks other prompts keep before it
+        self.pinned: set[bytes] = set()
 
     @property
     def blocks(self) -> int:
@@ -199,11 +201,13 @@ class PrefixCache:
         for key in reversed(keys):  # the held ones first: they are not what makes room for the others
             if key in self._table:
                 self._table.move_to_end(key)
-        new = [k for k, key in enumerate(keys) if key not in self._table][:self.capacity]
+        new = [k for k, key in enumerate(keys) if key not in self._table]
+        if len(new) > len(self._free):  # room from the least recently used blocks no restore of this step needs
+            victims = [key for key in self._table if key not in self.pinned][:len(new) - len(self._free)]
+            self._free += [self._table.pop(key) for key in victims]
+            new = new[:len(self._free)]
         if not new:
             return
-        while len(self._free) < len(new):
-            self._free.append(self._table.popitem(last=False)[1])
         index = [self._free.pop() for _ in new]
         for k, at in zip(new, index, strict=True):
             self._table[keys[k]] = at

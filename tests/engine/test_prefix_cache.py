@@ -103,6 +103,13 @@ def test_the_pool_keeps_blocks_within_its_budget_and_evicts_chain_tails_first():
     for layer in (0, 1):
         assert torch.equal(out.layers[layer].k_buf[1, :, :8], want.layers[layer].k_buf[0, :, :8])
         assert torch.equal(out.layers[layer].v_buf[1, :, :8], want.layers[layer].v_buf[0, :, :8])
+    # blocks a restore of this step will read are not what makes room for others
+    cache.pinned = set(b)
+    c = [bytes([3, k]) for k in range(3)]
+    cache.store(c, _kv_with(12, 200.0), 0, 0)  # room for two: a's head goes, b stays whole
+    assert cache.match(PrefixKeys(b), 3) == 3 and cache.match(PrefixKeys(a), 3) == 0
+    assert cache.match(PrefixKeys(c), 3) == 2 and cache.blocks == 5
+    cache.pinned = set()
     cache.reset()
     assert cache.blocks == 0 and cache.match(PrefixKeys(b), 3) == 0
 
