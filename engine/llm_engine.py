@@ -450,10 +450,11 @@ class LLMEngine:
                                              prompt_logprobs=self._prompt_logprobs(seq), index=seq.index))
                 if reason is not None:
                     self._release(seq)
+        # before the hand-off: a caller who sends its next turn on reading this one's end finds its blocks
+        self._keep_generated([s for s in seqs if s.seq_id in finished])
         # one hand-off per event loop for the whole step
         self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
-        self._keep_generated([s for s in seqs if s.seq_id in finished])
         self.runner.remove(finished)
 
     def _keep_generated(self, ended: list[Sequence]) -> None:

@@ -176,6 +176,7 @@ class PrefixCache:
         self._table.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
 
+    @torch.inference_mode()
     def restore(self, keys: list[bytes], kv: SlotKV, slot: int, reserve: int) -> None:
         """The blocks of `keys` (all held: `match` said so this step) into columns [0, len(keys) * block_size) of
         `slot`, whose buffers are made to hold `reserve` columns; they become the most recently used."""
@@ -190,6 +191,7 @@ class PrefixCache:
         got = pool[index.to(pool.device)]  # [n, kv_heads, block_size, head_dim]
         return got.transpose(0, 1).reshape(got.shape[1], -1, got.shape[3])
 
+    @torch.inference_mode()
     def store(self, keys: list[bytes], kv: SlotKV, slot: int, start: int) -> None:
         """Keeps the blocks of `keys` not held yet, from `slot`'s columns (block k at start + k * block_size),
         evicting the least recently used to make room; held ones become the most recently used. A chain continued
@@ -209,20 +211,28 @@ class PrefixCache:
         if not new:
             return
         index = [self._free.pop() for _ in new]
+        try:
+            self._copy_in(kv, slot, start, new, index)
+        except BaseException:
+            self._free += index  # nothing of them is kept: the table never names a block it does not hold
+            raise
         for k, at in zip(new, index, strict=True):
             self._table[keys[k]] = at
         for key in reversed(keys):
             if key in self._table:
                 self._table.move_to_end(key)
+
+    def _copy_in(self, kv: SlotKV, slot: int, start: int, blocks: list[int], index: list[int]) -> None:
+        """Blocks `blocks` of `slot` (block k at column start + k * block_size) into pool entries `index`."""
         bs = self.block_size
-        cols = torch.tensor([start + k * bs + j for k in new for j in range(bs)])
+        cols = torch.tensor([start + k * bs + j for k in blocks for j in range(bs)])
         pool_index = torch.tensor(index)
         for layer, buffers in kv.layers.items():
             if layer not in self._k:
                 continue
             for pool, buf in ((self._k[layer], buffers.k_buf), (self._v[layer], buffers.v_buf)):
                 got = buf[slot][:, cols.to(buf.device)]  # [kv_heads, n * bs, head_dim]
-                pool[pool_index.to(pool.device)] = got.reshape(got.shape[0], len(new), bs, -1).transpose(0, 1)
+                pool[pool_index.to(pool.device)] = got.reshape(got.shape[0], len(blocks), bs, -1).transpose(0, 1)
 
     def _reserve(self, kv: SlotKV) -> None:
         """Pools for the layers that hold keys, as many blocks as the budget pays for."""

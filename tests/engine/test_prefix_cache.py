@@ -198,6 +198,7 @@ async def test_a_next_turn_reads_the_generated_tokens_blocks(engine):
     await engine.reset_prefix_cache()
     prompt = random_ids(50, seed=8)
     answer, _ = await collect(engine, text_request(prompt, "turn1", max_tokens=40))
+    assert engine.prefix.blocks == (50 + 40 - 1) // 16  # the prompt's and the answer's whole blocks
     turn2 = text_request([*prompt, *answer, *random_ids(12, seed=9)], "turn2", max_tokens=6)
     want = (await _solo(engine, [turn2]))[0]
     await collect(engine, text_request(prompt, "turn1", max_tokens=40))
