@@ -150,3 +150,20 @@ async def test_pictures_go_through_the_families_geometry_with_zero_features(tiny
         assert toks == chain(ids, 4, engine.m.family.vocab)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gemma4", "tiny-qwen2-vl", "tiny-qwen3.5", "tiny-lfm2-vl",
+                                  "tiny-llava", "tiny-llava-onevision", "tiny-nemotron-omni"])
+async def test_every_family_follows_the_chain_with_its_own_masks_positions_and_caches(tiny_dirs, name):
+    """M-RoPE positions, per-layer-type masks, Gemma 4's per-layer inputs, the hybrid recurrent caches (no packed
+    steps: decode and prefill run as separate forwards) and an n = 2 fork of them."""
+    engine = start_engine(tiny_dirs[name], simulate_forward_ms=0.0)
+    try:
+        ids = random_ids(7, seed=11)
+        vocab = engine.m.family.vocab
+        toks, _ = await collect(engine, text_request(ids, "t", max_tokens=6))
+        assert toks == chain(ids, 6, vocab)
+        outs = [o async for o in engine.generate(text_request(ids, "n", max_tokens=4, n=2, temperature=0.5))]
+        assert [[t for o in outs if o.index == i for t in o.token_ids] for i in range(2)] == [chain(ids, 4, vocab)] * 2
+    finally:
+        engine.stop()
