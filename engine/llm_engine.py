@@ -108,6 +108,9 @@ class LLMEngine:
                      "boundaries (the encoder cache still applies)", family.name)
             return None
         log.info("prefix caching on: blocks of %d positions within %d MiB", cfg.block_size, cfg.prefix_cache_mb)
+        if cfg.simulate_forward_ms is not None:
+            log.info("prefix caching under --simulate-forward-ms: keys are made, but a simulated forward writes no "
+                     "key/value columns, so no block is kept and no prompt hits")
         return PrefixCache(cfg.block_size, cfg.prefix_cache_mb << 20)
 
     @property
