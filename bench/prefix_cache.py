@@ -64,14 +64,15 @@ async def text_of(client: AsyncSpliceClient, rng: random.Random, tokens: int) ->
     return await client.detokenize(ids[:tokens])
 
 
-async def first_chunk(client: AsyncSpliceClient, messages: list[dict], max_tokens: int) -> tuple[float, str]:
-    """Seconds to the first streamed chunk of a greedy ignore_eos chat, and the whole answer's text."""
-    start, ttft, text = time.perf_counter(), None, []
+async def first_chunk(client: AsyncSpliceClient, messages: list[dict], max_tokens: int) -> tuple[float, str, int]:
+    """Seconds to the first streamed chunk of a greedy ignore_eos chat, the whole answer's text, the prompt's length."""
+    start, ttft, text, prompt = time.perf_counter(), None, [], 0
     async for chunk in client.chat(messages, temperature=0.0, max_tokens=max_tokens, ignore_eos=True):
         ttft = ttft if ttft is not None else time.perf_counter() - start
         text.append(chunk.text)
+        prompt = chunk.usage.prompt_tokens if chunk.usage is not None else prompt
     assert ttft is not None, "no chunk"
-    return ttft, "".join(text)
+    return ttft, "".join(text), prompt
 
 
 def hit_counts(engine: Service) -> dict[str, float]:
@@ -103,10 +104,13 @@ async def system_prompt_ttft(args: argparse.Namespace, client: AsyncSpliceClient
 
 # -- (b) -------------------------------------------------------------------------------------------------------------
 
-async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpliceClient]) -> None:
+async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpliceClient],
+                          engines: dict[str, Service]) -> None:
     folder = resolve_model(args.vlm_model)
     per_turn: dict[str, list[list[float]]] = {side: [] for side in clients}
     repeat = {side: 0 for side in clients}
+    lengths = [0] * args.turns  # each turn's prompt tokens
+    hits = [[0.0, 0.0] for _ in range(args.turns)]  # the "on" engine's hit and queried positions per turn
 
     async def conversation(side: str) -> float:
         """One conversation, a new one per repeat (the same on both sides); the sum of its turns' TTFTs."""
@@ -117,9 +121,13 @@ async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpli
             {"type": "image", "image": png(seed=k)}, {"type": "prompt_embeds", "prompt_embeds": embeds},
             {"type": "text", "text": words(rng, 12)}]}]
         ttfts = []
-        for _ in range(args.turns):
-            ttft, answer = await first_chunk(clients[side], messages, args.answer_tokens)
+        for t in range(args.turns):
+            before = hit_counts(engines[side]) if side == "on" else None
+            ttft, answer, lengths[t] = await first_chunk(clients[side], messages, args.answer_tokens)
             ttfts.append(ttft * 1e3)
+            if before is not None and k > 1:
+                after = hit_counts(engines[side])
+                hits[t] = [h + after[n] - before[n] for h, n in zip(hits[t], QUERIES, strict=True)]
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": words(rng, 12)}]
         per_turn[side].append(ttfts)
         return sum(ttfts)
@@ -128,8 +136,9 @@ async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpli
         await conversation(side)
     await in_turns_async({side: lambda s=side: conversation(s) for side in clients}, args.repeats)
     for t in range(args.turns):
-        report(f"(b) {args.vlm_model}: TTFT of turn {t + 1}/{args.turns} (picture + prompt embeds + history, gRPC "
-               "Chat), cache on vs off", [r[t] for r in per_turn["on"][1:]], [r[t] for r in per_turn["off"][1:]],
+        report(f"(b) {args.vlm_model}: TTFT of turn {t + 1}/{args.turns} ({lengths[t]}-token prompt: picture + "
+               f"prompt embeds + history, gRPC Chat; on: {hits[t][0] / max(hits[t][1], 1):.0%} of its positions "
+               "cached), cache on vs off", [r[t] for r in per_turn["on"][1:]], [r[t] for r in per_turn["off"][1:]],
                "ms")
 
 
@@ -140,26 +149,27 @@ async def shared_prefix_throughput(args: argparse.Namespace, clients: dict[str, 
     hits: dict[str, float] = {n: 0.0 for n in QUERIES}
     draws = {side: 0 for side in clients}
 
-    def batch(k: int) -> tuple[list[int], list[list[int]]]:
+    def batch(k: int, streams: int) -> tuple[list[int], list[list[int]]]:
         g = torch.Generator().manual_seed(1000 + k)
         prefix = torch.randint(40, 600, (args.prefix_tokens,), generator=g).tolist()
         return prefix, [prefix + torch.randint(40, 600, (args.user_tokens,), generator=g).tolist()
-                        for _ in range(args.streams)]
+                        for _ in range(streams)]
 
-    async def run(side: str) -> float:
+    async def run(side: str, streams: int) -> float:
         k = draws[side] = draws[side] + 1
-        prefix, prompts = batch(k)
+        prefix, prompts = batch(k, streams)
         await stack_run(clients[side], [prefix], [1])  # the shared prefix, alone first (the "on" side keeps it)
         before = hit_counts(engines[side]) if side == "on" else None
-        tps = await stack_run(clients[side], prompts, [args.new_tokens] * args.streams)
+        tps = await stack_run(clients[side], prompts, [args.new_tokens] * streams)
         if before is not None:
             for n, v in hit_counts(engines[side]).items():
                 hits[n] += v - before[n]
         return tps
 
-    await in_turns_async({side: lambda s=side: run(s) for side in clients}, 1)  # once before the figures
+    # two streams once before the figures: the path of a hit among others, and of a long prompt, taken once
+    await in_turns_async({side: lambda s=side: run(s, 2) for side in clients}, 1)
     hits.update(dict.fromkeys(QUERIES, 0.0))
-    tps = await in_turns_async({side: lambda s=side: run(s) for side in clients}, args.repeats)
+    tps = await in_turns_async({side: lambda s=side: run(s, args.streams) for side in clients}, args.c_repeats)
     report(f"(c) {args.model}: tok/s of {args.streams} streams arriving together, shared {args.prefix_tokens}-token "
            f"prefix + own {args.user_tokens}, {args.new_tokens} new tokens each, cache on vs off (target >= 3)",
            tps["on"], tps["off"], "tok/s")
@@ -175,7 +185,7 @@ async def main() -> None:
     parser = stack_parser(__doc__, QUICK, model="smollm2-135m-instruct", streams=32, new_tokens=32)
     parser.add_argument("--vlm-model", default="tiny-idefics3-colors", help="the model of (b): a vision model")
     for name, default in (("system_tokens", 1500), ("user_tokens", 20), ("turns", 5), ("answer_tokens", 16),
-                          ("prefix_tokens", 1000)):
+                          ("prefix_tokens", 1000), ("c_repeats", 1)):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--parts", nargs="+", choices=("a", "b", "c"), default=["a", "b", "c"])
     args = parser.parse_args()
@@ -186,21 +196,24 @@ async def main() -> None:
             engines: dict[str, Service] = {}
             clients: dict[str, AsyncSpliceClient] = {}
             vlm: dict[str, AsyncSpliceClient] = {}
+            vlm_engines: dict[str, Service] = {}
             for side, more in (("on", []), ("off", OFF)):
                 if {"a", "c"} & set(args.parts) and (side == "on" or "c" in args.parts):
                     engines[side], pre = services.enter_context(running_stack(args.model,
                                                                               engine_args=[*flags, *more]))
                     clients[side] = await closing.enter_async_context(AsyncSpliceClient(pre.address, timeout=600))
                 if "b" in args.parts:
-                    _, pre = services.enter_context(running_stack(args.vlm_model, engine_args=[*flags, *more]))
+                    vlm_engines[side], pre = services.enter_context(running_stack(args.vlm_model,
+                                                                                  engine_args=[*flags, *more]))
                     vlm[side] = await closing.enter_async_context(AsyncSpliceClient(pre.address, timeout=600))
             for client in [*clients.values(), *vlm.values()]:
                 await warm(client)
-            print(f"stacks up in {time.perf_counter() - started:.0f} s; {args.repeats} repeats", flush=True)
+            print(f"stacks up in {time.perf_counter() - started:.0f} s; {args.repeats} repeats of (a) and (b), "
+                  f"{args.c_repeats} of (c)", flush=True)
             if "a" in args.parts:
                 await system_prompt_ttft(args, clients["on"])
             if "b" in args.parts:
-                await chat_turns_ttft(args, vlm)
+                await chat_turns_ttft(args, vlm, vlm_engines)
             if "c" in args.parts:
                 await shared_prefix_throughput(args, clients, engines)
     print(f"whole run {time.perf_counter() - started:.0f} s", flush=True)
