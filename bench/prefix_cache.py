@@ -111,6 +111,7 @@ async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpli
     repeat = {side: 0 for side in clients}
     lengths = [0] * args.turns  # each turn's prompt tokens
     hits = [[0.0, 0.0] for _ in range(args.turns)]  # the "on" engine's hit and queried positions per turn
+    answers: dict[str, list[list[str]]] = {side: [] for side in clients}  # per conversation (greedy: the same)
 
     async def conversation(side: str) -> float:
         """One conversation, a new one per repeat (the same on both sides); the sum of its turns' TTFTs."""
@@ -130,6 +131,7 @@ async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpli
                 hits[t] = [h + after[n] - before[n] for h, n in zip(hits[t], QUERIES, strict=True)]
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": words(rng, 12)}]
         per_turn[side].append(ttfts)
+        answers[side].append([m["content"] for m in messages if m["role"] == "assistant"])
         return sum(ttfts)
 
     for side in clients:  # one conversation each before the figures (its repeat number is not used again)
@@ -140,6 +142,9 @@ async def chat_turns_ttft(args: argparse.Namespace, clients: dict[str, AsyncSpli
                f"prompt embeds + history, gRPC Chat; on: {hits[t][0] / max(hits[t][1], 1):.0%} of its positions "
                "cached), cache on vs off", [r[t] for r in per_turn["on"][1:]], [r[t] for r in per_turn["off"][1:]],
                "ms")
+    same = sum(a == b for a, b in zip(answers["on"], answers["off"], strict=True))
+    print(f"(b) greedy answers the same with the cache on and off in {same} of {len(answers['on'])} conversations",
+          flush=True)
 
 
 # -- (c) -------------------------------------------------------------------------------------------------------------
