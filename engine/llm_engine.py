@@ -298,6 +298,8 @@ class LLMEngine:
             self._fail_running(exc)
             return True
         done = self._prefilled(out, parts, ran)
+        if self.prefix is not None and ran.joined:  # completed prompts left their blocks: the gauge says so now
+            self.stats.prefix_cache(0, 0, self.prefix.blocks)
         if ran.logits is not None:  # one sampling and one hand-off: the rows' tokens and the first tokens of prompts
             self._postprocess(rows + done, ran.logits)
         self._record(rows, done, arrivals, start)

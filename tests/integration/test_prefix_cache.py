@@ -90,7 +90,7 @@ class Answer:
     prompt_ids: list[int]
     hits: float  # prompt positions the engine read from the cache for this request
     queries: float  # prompt positions it looked up
-    blocks: float  # the blocks gauge after it (as the engine last set it: when this request's prompt started)
+    blocks: float  # the blocks gauge after it
     reply: object
     token_ids: list[int]
     logprobs: list[float]  # of each generated token: any difference in the key/value columns read moves them
@@ -147,6 +147,7 @@ def test_a_shared_system_prompt_hits_whole_blocks_and_reset_forgets_them(text_st
     first = _ask(text_stack, _chat(QUESTIONS[0]))
     n = len(first.prompt_ids)
     assert first.hits == 0 and first.queries == n and n > 8 * BLOCK
+    assert first.blocks == n // BLOCK  # the gauge counts the blocks it left, without waiting for another request
     again = _ask(text_stack, _chat(QUESTIONS[0]))
     assert _same(again, first)
     assert again.hits == _whole(n) and again.queries == n
