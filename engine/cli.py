@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a structured output's grammar (response_format, structured_outputs) may take "
                              "to compile for the tokenizer before the request is refused with INVALID_ARGUMENT; "
                              "compiles run off the step thread, once per distinct spec (default: %(default)s)")
+    parser.add_argument("--simulate-forward-ms", type=float, default=None, metavar="MS",
+                        help="a benchmarking aid, not for serving: the model's forward (and vision tower) is replaced "
+                             "by a wait of MS milliseconds per step that holds no CPU, as a GPU kernel would (MS more "
+                             "per 512 prompt positions), with deterministic logits, so the scheduler, sampler and both "
+                             "gRPC hops are measured at GPU speed on any machine; weights are still loaded "
+                             "(default: off)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -107,7 +113,7 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
                         encoder_cache_mb=args.encoder_cache_mb,
                         enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
-                        prefix_cache_mb=args.prefix_cache_mb,
+                        prefix_cache_mb=args.prefix_cache_mb, simulate_forward_ms=args.simulate_forward_ms,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)))
 

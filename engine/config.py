@@ -59,6 +59,9 @@ class EngineConfig:
     # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
     # compile runs in its own thread, never the step's
     structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
+    # a benchmarking aid (engine/simulate.py): the model's forward and vision tower are replaced by a wait of this
+    # many milliseconds per forward that holds no CPU, as a GPU kernel would, with deterministic logits; None = off
+    simulate_forward_ms: float | None = None
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -97,6 +100,12 @@ class EngineConfig:
             raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.simulate_forward_ms is not None:
+            if not 0 <= self.simulate_forward_ms < 60_000:
+                raise ValueError(f"simulate_forward_ms must be >= 0 and < 60000, got {self.simulate_forward_ms}")
+            if self.tensor_parallel_size > 1:
+                raise ValueError("simulate_forward_ms needs tensor_parallel_size 1 (a simulated forward has no "
+                                 f"shards), got {self.tensor_parallel_size}")
 
     @property
     def served_name(self) -> str:

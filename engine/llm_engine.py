@@ -108,6 +108,9 @@ class LLMEngine:
                      "boundaries (the encoder cache still applies)", family.name)
             return None
         log.info("prefix caching on: blocks of %d positions within %d MiB", cfg.block_size, cfg.prefix_cache_mb)
+        if cfg.simulate_forward_ms is not None:
+            log.info("prefix caching under --simulate-forward-ms: keys are made, but a simulated forward writes no "
+                     "key/value columns, so no block is kept and no prompt hits")
         return PrefixCache(cfg.block_size, cfg.prefix_cache_mb << 20)
 
     @property
@@ -388,6 +391,7 @@ class LLMEngine:
             prompt_ids = [t for i, t in enumerate(req.token_ids) if i not in covered]
         else:
             prompt_ids = req.token_ids
+        seq.cache_keys = req.prefix_keys  # its generated blocks are kept as it ends
         self._controls.start(seq, prompt_ids)  # (engine thread only, as are its apply, record and release)
         if seq.grammar is not None:
             self._masks.start(seq, seq.grammar)
@@ -451,10 +455,23 @@ class LLMEngine:
                                              prompt_logprobs=self._prompt_logprobs(seq), index=seq.index))
                 if reason is not None:
                     self._release(seq)
+        # before the hand-off: a caller who sends its next turn on reading this one's end finds its blocks
+        self._keep_generated([s for s in seqs if s.seq_id in finished])
         # one hand-off per event loop for the whole step
         self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)
+
+    def _keep_generated(self, ended: list[Sequence]) -> None:
+        """The generated tokens of sequences that ended normally go into the prefix cache (all but the last: its
+        keys were never computed), for a multi-turn chat's next prompt, which re-sends them."""
+        if self.prefix is None:
+            return
+        for seq in ended:
+            keys = seq.cache_keys
+            if keys is not None and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                more = keys.extend(seq.output_ids[:-1], self.prefix.block_size)
+                self.runner.keep_generated(seq.seq_id, more, len(keys.keys))
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
 

@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig
 from engine.encoder_cache import EncoderCache
 from engine.models import ModelFamily, family_for
+from engine.simulate import simulated
 from splice.errors import FailedPrecondition
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
 from splice.tensors import DTYPES
@@ -84,6 +85,10 @@ def load(cfg: EngineConfig) -> LoadedModel:
     config = transformers.AutoConfig.from_pretrained(path)
     family_cls = family_for(config)
     arch = (config.architectures or [family_cls.name])[0]
+    if cfg.simulate_forward_ms is not None:  # a benchmarking aid: the model's calls become waits (engine/simulate.py)
+        family_cls = simulated(family_cls, cfg.simulate_forward_ms)
+        log.warning("--simulate-forward-ms %g: the forward and vision tower are SIMULATED (a wait of %g ms per step, "
+                    "deterministic tokens); for benchmarking only", cfg.simulate_forward_ms, cfg.simulate_forward_ms)
     device = pick_device(cfg.device)
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)

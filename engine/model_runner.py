@@ -171,24 +171,27 @@ class ModelRunner:
         two, so that a prompt that makes it fail fails alone); else the decode, then the prompts. A part whose prefill
         fails is in `failed` and recorded nothing; raises only when the decode failed (the shared cache may be
         half-updated: every row is lost)."""
-        failed: dict[int, BaseException] = {}
-        for part in [p for p in parts if p.prompt is not None and p.start > 0]:
-            try:
-                self._restore(part)
-            except Exception as exc:  # (its slot's buffers could not grow) it fails alone
-                failed[part.seq_id] = exc
-                parts = [p for p in parts if p is not part]
+        hits = [p for p in parts if p.prompt is not None and p.start > 0]
+        if hits:  # their cached blocks stay until they are read, whatever other prompts keep first
+            size = self.prefix.block_size
+            self.prefix.pinned = {k for p in hits for k in p.prompt.prefix_keys.keys[:p.start // size]}
+        try:
+            return self._step(tokens, parts)
+        finally:
+            if hits:
+                self.prefix.pinned = set()
+
+    def _step(self, tokens: list[int], parts: list[PromptPart]) -> Stepped:
         if tokens and parts and self.family.packs_mixed_steps:
             try:
                 decoded, prefilled = self.mixed(tokens, parts)
                 rows = set(self.seq_ids)  # the prompts completed in it joined them
-                return Stepped(torch.cat([decoded, prefilled]), [p.seq_id for p in parts if p.seq_id in rows], True,
-                               failed)
+                return Stepped(torch.cat([decoded, prefilled]), [p.seq_id for p in parts if p.seq_id in rows], True)
             except Exception:  # nothing was recorded
                 log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(tokens),
                               len(parts))
         logits = [self.decode(tokens)] if tokens else []  # the rows first: the prompts join after them
-        ran = Stepped(None, [], failed=failed)
+        ran = Stepped(None, [])
         # a prompt that fits in this step, or one the family cannot prefill in parts, goes whole
         whole = [p for p in parts if p.start == 0 and (p.end >= len(p.prompt.token_ids) or self.batch is None
                                                          or not self.family.chunkable(p.prompt))]
@@ -196,6 +199,8 @@ class ModelRunner:
             logits += self._prefill_whole(whole, ran)
         for part in (p for p in parts if not any(p is w for w in whole)):
             try:
+                if part.prompt is not None and part.start > 0:  # its cached prefix first, in the slot after the rows
+                    self._restore(part, self.batch.kv.rows if self.batch is not None else 0)
                 if (out := self._prefill_part(part)) is not None:
                     logits.append(out)
                     ran.joined.append(part.seq_id)
@@ -219,11 +224,12 @@ class ModelRunner:
         ran.joined += ids
         return [logits]
 
-    def _restore(self, part: PromptPart) -> None:
-        """A prompt whose positions [0, part.start) are in the prefix cache: their blocks go into the slot after the
-        rows in use (a batch with no rows yet is made for it), and it continues from there like a long prompt. A
-        prompt that cannot be prefilled in parts (Gemma 3's pictures) has the rest in this one part."""
-        assert self.prefix is not None and part.prompt is not None and self.partial is None
+    def _restore(self, part: PromptPart, slot: int) -> None:
+        """A prompt whose positions [0, part.start) are in the prefix cache: their blocks go into `slot` (a slot after
+        the rows in use; a batch with no rows yet is made for it). One whose rest goes beyond this part continues
+        from there like a long prompt; one that cannot be prefilled in parts (Gemma 3's pictures) has the rest in
+        this one part."""
+        assert self.prefix is not None and part.prompt is not None
         prompt = part.prompt
         if not self.family.chunkable(prompt):
             part.end = len(prompt.token_ids)
@@ -233,9 +239,10 @@ class ModelRunner:
             nexts = torch.empty(0, dtype=torch.long, device=self.family.device)
             b = Batch([], [], self.family.cache.new(kv), kv, nexts)
         keys = prompt.prefix_keys.keys[:part.start // self.prefix.block_size]
-        self.prefix.restore(keys, b.kv, b.kv.rows, len(prompt.token_ids) + 1)
+        self.prefix.restore(keys, b.kv, slot, len(prompt.token_ids) + 1)
         self.batch = b
-        self.partial = Partial(part.seq_id, prompt, b.kv.rows)
+        if slot == b.kv.rows:  # (a prompt restored among others completes in this step: no partial)
+            self.partial = Partial(part.seq_id, prompt, slot)
 
     def _continue(self, part: PromptPart) -> Partial:
         """The long prompt this part continues (or starts), its columns in the slot after the rows in use: rows that
@@ -408,12 +415,18 @@ class ModelRunner:
         kv = b.kv
         rows = kv.rows
         first = parts[0]
-        whole = all(p.start == 0 and p.prompt is not None and p.end == len(p.prompt.token_ids) for p in parts)
-        if whole:  # new rows, in the slots after the rows in use
+        whole = all(p.prompt is not None and p.end == len(p.prompt.token_ids) for p in parts)
+        if whole:  # new rows, in the slots after the rows in use (from their cached prefix, where they have one)
             partial = None
-            pieces = [(p.prompt, rows + k, 0, p.end) for k, p in enumerate(parts)]
+            for k, p in enumerate(parts):
+                if p.start > 0:
+                    self._restore(p, rows + k)
+            self.partial = None
+            pieces = [(p.prompt, rows + k, p.start, p.end) for k, p in enumerate(parts)]
         else:  # a part of the one long prompt: its slot is the one after the rows in use
             assert len(parts) == 1
+            if first.prompt is not None and first.start > 0:
+                self._restore(first, rows)
             partial = self._continue(first)
             pieces = [(partial.prompt, partial.slot, first.start, first.end)]
         order = b.order
@@ -479,6 +492,22 @@ class ModelRunner:
         b.positions = torch.cat([b.positions, b.positions[src:src + 1].expand(len(new_ids))])
         b.reorder()
         b.kv.refresh()
+
+    def keep_generated(self, seq_id: int, keys: list[bytes], first: int) -> None:
+        """Blocks `first`, first + 1, ... of a running row (`keys`: theirs, from engine/prefix_cache.py
+        PrefixKeys.extend) into the prefix cache, as far as its columns are written: its generated tokens, which a
+        multi-turn chat's next prompt re-sends."""
+        b = self.batch
+        if self.prefix is None or b is None or seq_id not in b.slot_seqs or not keys:
+            return
+        slot, size = b.slot_seqs.index(seq_id), self.prefix.block_size
+        start = b.kv.start[slot]
+        whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
+        if whole > 0:
+            try:
+                self.prefix.store(keys[:whole], b.kv, slot, start + first * size)
+            except Exception:
+                log.exception("keeping a sequence's generated blocks in the prefix cache failed")
 
     @torch.inference_mode()
     def remove(self, seq_ids: set[int]) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,10 +38,26 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's
 
 @dataclass(frozen=True)
 class PrefixKeys:
-    """The content keys of a prompt's whole blocks, in order, and after which blocks a hit may end (None: any)."""
+    """The content keys of a prompt's whole blocks, in order, and after which blocks a hit may end (None: any); with
+    what the keys of blocks that go on into its generated tokens need (`extend`): the last key, the prompt's IDs
+    after its last whole block and their extra content."""
 
     keys: list[bytes]
     cuts: list[bool] | None = None
+    tail_ids: list[int] = field(default_factory=list)
+    tail_extras: list[bytes] = field(default_factory=list)
+    root: bytes = b""
+
+    def extend(self, generated: list[int], block_size: int) -> list[bytes]:
+        """Keys of the whole blocks after the prompt's, made of its tail and `generated` (tokens whose keys and
+        values are cached: a multi-turn chat's next prompt re-sends them as the assistant's turn)."""
+        ids = self.tail_ids + generated
+        out: list[bytes] = []
+        parent = self.keys[-1] if self.keys else self.root
+        for k in range(len(ids) // block_size):
+            parent = _block_key(parent, ids[k * block_size:(k + 1) * block_size], self.tail_extras if k == 0 else [])
+            out.append(parent)
+        return out
 
     def hit_blocks(self, found: int, limit: int) -> int:
         """Of `found` leading blocks in the cache, how many a hit may take (at most `limit`)."""
@@ -50,6 +66,14 @@ class PrefixKeys:
             while n and not self.cuts[n - 1]:
                 n -= 1
         return n
+
+
+def _block_key(parent: bytes, ids: list[int], extras: list[bytes]) -> bytes:
+    h = hashlib.sha256(parent)
+    h.update(array("q", ids).tobytes())
+    for item in extras:
+        h.update(hashlib.sha256(item).digest())
+    return h.digest()
 
 
 def _tensor_hash(t: torch.Tensor) -> bytes:
@@ -68,11 +92,10 @@ def prefix_keys(req: EngineRequest, block_size: int, root: bytes, image_token_id
     inside a run of them."""
     ids = req.token_ids
     blocks = len(ids) // block_size
-    extras: list[list[bytes]] = [[] for _ in range(blocks)]
+    extras: list[list[bytes]] = [[] for _ in range(blocks + 1)]  # the last: the tail after the whole blocks
 
     def mix(pos: int, item: bytes) -> None:
-        if pos // block_size < blocks:
-            extras[pos // block_size].append((pos % block_size).to_bytes(4, "little") + item)
+        extras[pos // block_size].append((pos % block_size).to_bytes(4, "little") + item)
 
     spans = sorted(req.embed_spans, key=lambda s: s.offset)
     covered = [False] * len(ids)
@@ -103,17 +126,13 @@ def prefix_keys(req: EngineRequest, block_size: int, root: bytes, image_token_id
     keys: list[bytes] = []
     parent = root
     for k in range(blocks):
-        h = hashlib.sha256(parent)
-        h.update(array("q", ids[k * block_size:(k + 1) * block_size]).tobytes())
-        for item in extras[k]:
-            h.update(hashlib.sha256(item).digest())
-        parent = h.digest()
+        parent = _block_key(parent, ids[k * block_size:(k + 1) * block_size], extras[k])
         keys.append(parent)
     cuts = None
     if images_both_ways and image_pos:
         is_image = set(image_pos)
         cuts = [not ((k + 1) * block_size - 1 in is_image and (k + 1) * block_size in is_image) for k in range(blocks)]
-    return PrefixKeys(keys, cuts)
+    return PrefixKeys(keys, cuts, list(ids[blocks * block_size:]), extras[blocks], root)
 
 
 def cache_root(fingerprint: str, block_size: int, salt: str | None) -> bytes:
@@ -135,6 +154,8 @@ class PrefixCache:
         self._v: dict[int, torch.Tensor] = {}
         self._table: OrderedDict[bytes, int] = OrderedDict()  # key -> pool index, least recently used first
         self._free: list[int] = []  # pool indexes not holding a block, lowest last (taken first: pages stay cold)
+        # blocks a restore of the current step will read: never evicted by the blocks other prompts keep before it
+        self.pinned: set[bytes] = set()
 
     @property
     def blocks(self) -> int:
@@ -155,6 +176,7 @@ class PrefixCache:
         self._table.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
 
+    @torch.inference_mode()
     def restore(self, keys: list[bytes], kv: SlotKV, slot: int, reserve: int) -> None:
         """The blocks of `keys` (all held: `match` said so this step) into columns [0, len(keys) * block_size) of
         `slot`, whose buffers are made to hold `reserve` columns; they become the most recently used."""
@@ -169,9 +191,11 @@ class PrefixCache:
         got = pool[index.to(pool.device)]  # [n, kv_heads, block_size, head_dim]
         return got.transpose(0, 1).reshape(got.shape[1], -1, got.shape[3])
 
+    @torch.inference_mode()
     def store(self, keys: list[bytes], kv: SlotKV, slot: int, start: int) -> None:
         """Keeps the blocks of `keys` not held yet, from `slot`'s columns (block k at start + k * block_size),
-        evicting the least recently used to make room; held ones become the most recently used."""
+        evicting the least recently used to make room; held ones become the most recently used. A chain continued
+        (a sequence's generated blocks) gives its keys from where it goes on, and `start` where their columns do."""
         if not kv.layers:
             return
         if not self._k:
@@ -179,26 +203,36 @@ class PrefixCache:
         for key in reversed(keys):  # the held ones first: they are not what makes room for the others
             if key in self._table:
                 self._table.move_to_end(key)
-        new = [k for k, key in enumerate(keys) if key not in self._table][:self.capacity]
+        new = [k for k, key in enumerate(keys) if key not in self._table]
+        if len(new) > len(self._free):  # room from the least recently used blocks no restore of this step needs
+            victims = [key for key in self._table if key not in self.pinned][:len(new) - len(self._free)]
+            self._free += [self._table.pop(key) for key in victims]
+            new = new[:len(self._free)]
         if not new:
             return
-        while len(self._free) < len(new):
-            self._free.append(self._table.popitem(last=False)[1])
         index = [self._free.pop() for _ in new]
+        try:
+            self._copy_in(kv, slot, start, new, index)
+        except BaseException:
+            self._free += index  # nothing of them is kept: the table never names a block it does not hold
+            raise
         for k, at in zip(new, index, strict=True):
             self._table[keys[k]] = at
         for key in reversed(keys):
             if key in self._table:
                 self._table.move_to_end(key)
+
+    def _copy_in(self, kv: SlotKV, slot: int, start: int, blocks: list[int], index: list[int]) -> None:
+        """Blocks `blocks` of `slot` (block k at column start + k * block_size) into pool entries `index`."""
         bs = self.block_size
-        cols = torch.tensor([start + k * bs + j for k in new for j in range(bs)])
+        cols = torch.tensor([start + k * bs + j for k in blocks for j in range(bs)])
         pool_index = torch.tensor(index)
         for layer, buffers in kv.layers.items():
             if layer not in self._k:
                 continue
             for pool, buf in ((self._k[layer], buffers.k_buf), (self._v[layer], buffers.v_buf)):
                 got = buf[slot][:, cols.to(buf.device)]  # [kv_heads, n * bs, head_dim]
-                pool[pool_index.to(pool.device)] = got.reshape(got.shape[0], len(new), bs, -1).transpose(0, 1)
+                pool[pool_index.to(pool.device)] = got.reshape(got.shape[0], len(blocks), bs, -1).transpose(0, 1)
 
     def _reserve(self, kv: SlotKV) -> None:
         """Pools for the layers that hold keys, as many blocks as the budget pays for."""

@@ -11,7 +11,7 @@ per step (a PrefillChunk), and decodes once its last chunk is in. An idle engine
 once. Finished and aborted ones leave at the boundary they finish on.
 
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
-number) is admitted like a long one, alone, its prefill starting after the cached positions.
+number) costs only the positions after it: its prefill starts there.
 
 A request of n > 1 choices is one sequence until its prompt is in, then n (`fork`): it is admitted only where all n
 fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
@@ -48,8 +48,9 @@ class SchedulerOutput:
 
     @property
     def parts(self) -> list[PrefillChunk]:
-        """This step's prompt positions: each admitted prompt whole, or the next part of a long one."""
-        return [PrefillChunk(s, 0, s.prompt_len) for s in self.prefill] + ([self.chunk] if self.chunk else [])
+        """This step's prompt positions: each admitted prompt whole (after its cached prefix), or the next part of a
+        long one."""
+        return [PrefillChunk(s, s.cached, s.prompt_len) for s in self.prefill] + ([self.chunk] if self.chunk else [])
 
 
 class Scheduler:
@@ -106,27 +107,27 @@ class Scheduler:
                                                                      min(seq.prompt_len, seq.prefilled + budget)))
         room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
         cached = self._cached(self.waiting[0]) if room else 0
-        if room and (cached or (decode and self.waiting[0].prompt_len > budget)):
+        if decode and room and self.waiting[0].prompt_len - cached > budget:  # its rest goes over several steps
             seq = self.prefilling = self.waiting.popleft()
             seq.prefilled = seq.cached = cached
             self._admit(seq)
-            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, cached, min(seq.prompt_len,
-                                                                                      cached + budget)))
+            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, cached, cached + budget))
         admitted: list[Sequence] = []
         longest = total = 0
         while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
             seq = self.waiting[0]
-            if admitted and self._cached(seq):  # it starts from the cache, alone, at the next step
-                break
+            cached = self._cached(seq) if admitted else cached
+            rest = seq.prompt_len - cached  # what its prefill costs: the positions after its cached prefix
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
-            padded = max(longest, seq.prompt_len) * (len(admitted) + 1)
-            cost = total + seq.prompt_len if decode and self.packs_mixed_steps else padded
+            padded = max(longest, rest) * (len(admitted) + 1)
+            cost = total + rest if decode and self.packs_mixed_steps else padded
             if admitted and (cost > budget or padded > self.max_batch_tokens):
                 break
+            seq.prefilled = seq.cached = cached
             self._admit(self.waiting.popleft())
             admitted.append(seq)
-            longest = max(longest, seq.prompt_len)
-            total += seq.prompt_len
+            longest = max(longest, rest)
+            total += rest
         return SchedulerOutput(prefill=admitted, decode=decode)
 
     def _cached(self, seq: Sequence) -> int:

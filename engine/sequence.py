@@ -38,6 +38,7 @@ class Sequence:
     grammar: Any = None  # its structured output's compiled grammar (engine/grammar_masks.py makes its matcher)
     prefilled: int = 0  # prompt positions already cached (a long prompt admitted while others run fills in steps)
     cached: int = 0  # of those, the positions read from the prefix cache at admission (its prefill starts there)
+    cache_keys: Any = None  # engine/prefix_cache.py PrefixKeys of its prompt, kept past its prefill (opaque here)
     index: int = 0  # which of its request's n choices this is (SamplingParams.n)
     # the request's other choices (n > 1), made with it and queued nowhere: they start from its prefill (a copy of its
     # row) and then run on their own; emptied when they start (Scheduler.fork) or it ends before they could

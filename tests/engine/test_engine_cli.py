@@ -76,3 +76,14 @@ def test_a_flag_out_of_range_is_one_line_before_anything_loads(flag, named):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == f"splice engine: {named} must be >= 1, got 0", done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_simulate_forward_ms_out_of_range_or_with_tensor_parallelism_is_one_line():
+    for flags, said in ((["--simulate-forward-ms", "-1"], "simulate_forward_ms must be >= 0 and < 60000, got -1.0"),
+                        (["--simulate-forward-ms", "10", "--tensor-parallel-size", "2"],
+                         "simulate_forward_ms needs tensor_parallel_size 1 (a simulated forward has no shards), "
+                         "got 2")):
+        done = subprocess.run([sys.executable, "-m", "app.cli", "engine", "--model", "no-such-model", "--port", "0",
+                               *flags], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines()[-1] == f"splice engine: {said}", done.stderr

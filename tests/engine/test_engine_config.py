@@ -24,6 +24,8 @@ from engine.loader import pick_device, pick_dtype
     (dict(encoder_cache_mb=-1), "encoder_cache_mb must be >= 0, got -1"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size"),
     (dict(torch_threads=0), "torch_threads must be >= 1, got 0"),
+    (dict(simulate_forward_ms=-1.0), "simulate_forward_ms must be >= 0 and < 60000, got -1.0"),
+    (dict(simulate_forward_ms=5.0, tensor_parallel_size=2), "simulate_forward_ms needs tensor_parallel_size 1"),
     (dict(model_impl="vllm"), r"model_impl must be one of \('auto', 'splice', 'transformers'\), got 'vllm'"),
 ])
 def test_invalid_configs_are_rejected(kwargs, match):

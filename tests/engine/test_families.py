@@ -8,7 +8,9 @@
 - the encoder cache: re-sent pictures (A, B then A, B, C; a picture twice in one request; the same request again)
   give the tokens the engine gives without it, counted as hits where the family keys pictures apart; a picture
   one value apart misses; a budget that holds about one entry evicts and still gives the same tokens;
-- a malformed image tensor is INVALID_ARGUMENT naming it, and the engine keeps serving.
+- a malformed image tensor is INVALID_ARGUMENT naming it, and the engine keeps serving;
+- the prefix cache: chats with prompt embeds and pictures (repeated, a second turn, rows or a picture apart) give
+  the tokens of an empty cache, and hit exactly the whole blocks before their first difference.
 """
 
 from __future__ import annotations
