@@ -472,6 +472,8 @@ class LLMEngine:
             if keys is not None and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
                 more = keys.extend(seq.output_ids[:-1], self.prefix.block_size)
                 self.runner.keep_generated(seq.seq_id, more, len(keys.keys))
+        if ended:  # (before the hand-off: a caller reading the end finds the gauge counting its blocks)
+            self.stats.prefix_cache(0, 0, self.prefix.blocks)
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
 

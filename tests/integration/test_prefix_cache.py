@@ -128,6 +128,12 @@ def _whole(prompt_len: int) -> int:
     return (prompt_len - 1) // BLOCK * BLOCK
 
 
+def _held(a: Answer) -> int:
+    """Blocks a request that ended normally leaves: whole blocks of its prompt and its generated tokens but the last
+    (whose keys and values were never computed)."""
+    return (len(a.prompt_ids) + len(a.token_ids) - 1) // BLOCK
+
+
 def _common(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -147,7 +153,9 @@ def test_a_shared_system_prompt_hits_whole_blocks_and_reset_forgets_them(text_st
     first = _ask(text_stack, _chat(QUESTIONS[0]))
     n = len(first.prompt_ids)
     assert first.hits == 0 and first.queries == n and n > 8 * BLOCK
-    assert first.blocks == n // BLOCK  # the gauge counts the blocks it left, without waiting for another request
+    # the gauge counts the blocks it left (its prompt's and its generated tokens', the last one's keys never
+    # computed), without waiting for another request
+    assert first.blocks == _held(first)
     again = _ask(text_stack, _chat(QUESTIONS[0]))
     assert _same(again, first)
     assert again.hits == _whole(n) and again.queries == n
@@ -305,16 +313,17 @@ def test_a_tiny_budget_evicts_the_least_recently_used_tails_and_answers_stay_unc
     for p in prompts:
         _reset(small_stack)
         uncached.append(_ask(small_stack, p))
-    held = [len(a.prompt_ids) // BLOCK for a in uncached]  # whole blocks each prompt leaves in the cache
-    # two fit; the third makes room by evicting from the first (the least recently used), not all of it
-    assert held[0] + held[1] <= capacity < sum(held) < capacity + held[0], (held, capacity)
+    held = [_held(a) for a in uncached]  # the blocks each request leaves in the cache
+    prompt_blocks = len(uncached[0].prompt_ids) // BLOCK  # of those, the first prompt's (its generated ones come later)
+    # two fit; the third makes room by evicting from the first (the least recently used: its prompt's tail first)
+    assert held[0] + held[1] <= capacity < sum(held) < capacity + prompt_blocks, (held, capacity)
     _reset(small_stack)
     seen = [_ask(small_stack, p) for p in prompts]
     first_again = _ask(small_stack, prompts[0])  # its head is left: the tail went first
     last_again = _ask(small_stack, prompts[2])  # the most recently used: whole
     assert [a.hits for a in seen] == [0, 0, 0]
     evicted = sum(held) - capacity
-    assert first_again.hits == min(held[0] - evicted, _whole(len(uncached[0].prompt_ids)) // BLOCK) * BLOCK > 0
+    assert first_again.hits == min(prompt_blocks - evicted, _whole(len(uncached[0].prompt_ids)) // BLOCK) * BLOCK > 0
     assert last_again.hits == _whole(len(uncached[2].prompt_ids))
     assert all(_same(a, b) for a, b in zip([*seen, first_again, last_again], [*uncached, uncached[0], uncached[2]],
                                            strict=True))
@@ -419,7 +428,10 @@ def test_a_second_turn_resending_picture_and_embeds_hits_the_first_and_names_its
     for c in pictures:
         n1, ids2 = len(first[c].prompt_ids), second[c].prompt_ids
         assert ids2[:n1] == first[c].prompt_ids
-        assert second[c].hits == min(n1 // BLOCK * BLOCK, _whole(len(ids2))) > 0  # every block of turn 1
+        # turn 1's prompt blocks and its answer's (re-sent as the assistant's turn), as far as turn 2's IDs repeat them
+        kept = first[c].prompt_ids + first[c].token_ids[:-1]
+        reread = min(_common(kept, ids2) // BLOCK, _held(first[c]), _whole(len(ids2)) // BLOCK) * BLOCK
+        assert second[c].hits == reread >= n1 // BLOCK * BLOCK > 0, (second[c].hits, reread, n1)
         assert colors.read_answer(first[c].text) == colors.read_answer(second[c].text) == (c, "purple"), second[c]
     _reset(colors_stack)
     uncached = {c: _ask_colours(colors_stack, turn2[c]) for c in pictures}
