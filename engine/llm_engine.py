@@ -301,6 +301,8 @@ class LLMEngine:
             self._fail_running(exc)
             return True
         done = self._prefilled(out, parts, ran)
+        if self.prefix is not None and ran.joined:  # completed prompts left their blocks: the gauge says so now
+            self.stats.prefix_cache(0, 0, self.prefix.blocks)
         if ran.logits is not None:  # one sampling and one hand-off: the rows' tokens and the first tokens of prompts
             self._postprocess(rows + done, ran.logits)
         self._record(rows, done, arrivals, start)
@@ -470,6 +472,8 @@ class LLMEngine:
             if keys is not None and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
                 more = keys.extend(seq.output_ids[:-1], self.prefix.block_size)
                 self.runner.keep_generated(seq.seq_id, more, len(keys.keys))
+        if ended:  # (before the hand-off: a caller reading the end finds the gauge counting its blocks)
+            self.stats.prefix_cache(0, 0, self.prefix.blocks)
 
     # --- bookkeeping (callers hold the lock unless noted) -----------------------------------------
 
