@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the key/value columns of whole blocks of prompt positions by content (token IDs, "
                              "pictures, prompt-embeds rows, cache_salt), so a prompt that begins with a cached prefix "
                              "prefills only the rest; off for tensor parallelism and the hybrid recurrent families "
-                             "(default: on)")
+                             "(default: %(default)s)")
     parser.add_argument("--block-size", type=int, default=16,
                         help="prompt positions per prefix-cache block: a hit covers whole blocks (default: 16)")
     parser.add_argument("--prefix-cache-mb", type=int, default=1024,
