@@ -27,7 +27,7 @@ from engine.logits_controls import LogitsControls
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, Stepped, batch_capacity
 from engine.outbox import Listener, Outbox
-from engine.prefix_cache import PrefixCache, cache_root, prefix_keys
+from engine.prefix_cache import PrefixCache, PrefixKeys, cache_root, prefix_keys
 from engine.sampler import make_generator, sample
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
@@ -137,10 +137,7 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         self.runner.clear()
-        with self._lock:
-            resets, self._resets = self._resets, []
-        for loop, done in resets:  # (asked for as it stopped: nothing is cached any more that matters)
-            loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
+        self._answer_resets()  # (asked for as it stopped: nothing is cached any more that matters)
         if self._grammars is not None:
             self._grammars.close()
             self._grammars = None
@@ -173,7 +170,7 @@ class LLMEngine:
         if self.prefix is not None:
             req.prefix_keys = self._prefix_keys(req)
 
-    def _prefix_keys(self, req: EngineRequest):
+    def _prefix_keys(self, req: EngineRequest) -> PrefixKeys:
         """The prefix cache's content keys of `req`'s whole blocks (engine/prefix_cache.py)."""
         f, size = self.m.family, self.prefix.block_size
         inputs = req.model_inputs
@@ -246,6 +243,13 @@ class LLMEngine:
                                           self.m.info.eos_token_ids, self.cfg.structured_compile_timeout)
         return self._grammars
 
+    def _answer_resets(self) -> None:
+        """Lock not held. Ends the reset_prefix_cache calls waiting so far (each on its own event loop)."""
+        with self._lock:
+            resets, self._resets = self._resets, []
+        for loop, done in resets:
+            loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
+
     async def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix block (vLLM's /reset_prefix_cache): requests that arrive after it returns
         prefill from scratch (running ones keep their rows). Done by the engine thread at its next step boundary;
@@ -312,13 +316,10 @@ class LLMEngine:
         """Drains aborts (their ends go out now, not after the forward) and schedules the next step -> (it, the rows
         that decode in it, in the runner's order, and the arrival time of each prompt in it, read now: a sequence that
         finishes in its prefill may lose its listener before the step ends)."""
-        with self._lock:
-            resets, self._resets = self._resets, []
-        if resets:
+        if self._resets:
             self.prefix.reset()
             self.stats.prefix_cache(0, 0, 0)
-            for loop, done in resets:
-                loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
+            self._answer_resets()
         with self._lock:
             aborted = self.scheduler.drain_aborts()
             for seq in [s for s in self._seqs.values() if s.is_finished]:
