@@ -47,6 +47,16 @@ def simulated_next(token: T, position: T, vocab: int) -> T:
     return (token * 31 + position * 7 + 1) % vocab
 
 
+def simulated_chain(ids: list[int], n: int, vocab: int) -> list[int]:
+    """The n tokens the simulated model gives greedily after prompt `ids` (1-D positions 0..len-1), each from the one
+    before."""
+    out, last = [], ids[-1]
+    for position in range(len(ids) - 1, len(ids) - 1 + n):
+        last = simulated_next(last, position, vocab)
+        out.append(last)
+    return out
+
+
 def forward_seconds(ms: float, decode_rows: int, prompt_positions: int) -> float:
     """What a forward of `decode_rows` decoding rows and `prompt_positions` prompt positions waits."""
     steps = (1 if decode_rows else 0) + math.ceil(prompt_positions / PROMPT_POSITIONS_PER_FORWARD)

@@ -13,19 +13,10 @@ from engine.model_runner import PREFILL_CHUNK
 from engine.models.idefics3 import Idefics3
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache
-from engine.simulate import forward_seconds, from_digits, simulated_next, to_digits
+from engine.simulate import forward_seconds, from_digits, simulated_chain, simulated_next, to_digits
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, image_inputs, random_ids, start_engine, text_request
-
-
-def chain(ids: list[int], n: int, vocab: int) -> list[int]:
-    """The n tokens the simulated model gives after prompt `ids` (positions 0..len-1), each from the one before."""
-    out, last = [], ids[-1]
-    for position in range(len(ids) - 1, len(ids) - 1 + n):
-        last = simulated_next(last, position, vocab)
-        out.append(last)
-    return out
 
 
 def test_next_token_is_the_documented_formula_for_ints_and_tensors():
@@ -82,10 +73,10 @@ async def test_greedy_sampled_and_forked_choices_follow_the_chain(sim_engine):
     greedy, _ = await collect(engine, text_request(ids, "g", max_tokens=12))
     sampled, _ = await collect(engine, text_request(ids, "s", max_tokens=12, temperature=1.0, top_p=0.9,
                                                     repetition_penalty=1.3))
-    assert greedy == sampled == chain(ids, 12, vocab)
+    assert greedy == sampled == simulated_chain(ids, 12, vocab)
     outs = [o async for o in engine.generate(text_request(ids, "n", max_tokens=6, n=3, temperature=0.8))]
     per_choice = {i: [t for o in outs if o.index == i for t in o.token_ids] for i in range(3)}
-    assert all(toks == chain(ids, 6, vocab) for toks in per_choice.values())
+    assert all(toks == simulated_chain(ids, 6, vocab) for toks in per_choice.values())
     await _idle(engine)
 
 
@@ -105,8 +96,8 @@ async def test_chunked_and_packed_prefills_beside_decoding_rows_follow_the_chain
     got = await asyncio.gather(collect(engine, text_request(long_ids, "long", max_tokens=5)),
                                collect(engine, text_request(long_ids, "again", max_tokens=5)),
                                collect(engine, text_request(longer, "longer", max_tokens=5)))
-    assert [g[0] for g in got] == [chain(long_ids, 5, vocab)] * 2 + [chain(longer, 5, vocab)]
-    assert [(await r)[0] for r in running] == [chain(p, 40, vocab) for p in short]
+    assert [g[0] for g in got] == [simulated_chain(long_ids, 5, vocab)] * 2 + [simulated_chain(longer, 5, vocab)]
+    assert [(await r)[0] for r in running] == [simulated_chain(p, 40, vocab) for p in short]
     assert engine.packed_steps > 0 and engine.steps > steps
     assert engine.prefix is not None and engine.prefix.blocks == 0
     await _idle(engine)
@@ -147,7 +138,7 @@ async def test_pictures_go_through_the_families_geometry_with_zero_features(tiny
         assert not prompt.embeds[image].any() and torch.equal(from_digits(prompt.embeds[~image]),
                                                               torch.tensor(ids)[~image])
         toks, _ = await collect(engine, req)
-        assert toks == chain(ids, 4, engine.m.family.vocab)
+        assert toks == simulated_chain(ids, 4, engine.m.family.vocab)
     finally:
         engine.stop()
 
@@ -162,8 +153,9 @@ async def test_every_family_follows_the_chain_with_its_own_masks_positions_and_c
         ids = random_ids(7, seed=11)
         vocab = engine.m.family.vocab
         toks, _ = await collect(engine, text_request(ids, "t", max_tokens=6))
-        assert toks == chain(ids, 6, vocab)
+        assert toks == simulated_chain(ids, 6, vocab)
         outs = [o async for o in engine.generate(text_request(ids, "n", max_tokens=4, n=2, temperature=0.5))]
-        assert [[t for o in outs if o.index == i for t in o.token_ids] for i in range(2)] == [chain(ids, 4, vocab)] * 2
+        per_choice = [[t for o in outs if o.index == i for t in o.token_ids] for i in range(2)]
+        assert per_choice == [simulated_chain(ids, 4, vocab)] * 2
     finally:
         engine.stop()

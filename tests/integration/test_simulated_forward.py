@@ -12,7 +12,7 @@ import pytest
 
 from app.scrape import scrape, value
 from clients import SpliceClient
-from engine.simulate import simulated_next
+from engine.simulate import simulated_chain
 from tests.harness.up import Up
 from tests.integration.test_cli import _free_port
 
@@ -20,14 +20,6 @@ IDS = [45, 97, 123, 260, 333, 41, 512, 77]
 N = 12
 LONG = 2000  # a stream far longer than it is let run before it is cancelled (tiny-text: 2048 positions)
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
-
-
-def chain(ids: list[int], n: int, vocab: int) -> list[int]:
-    out, last = [], ids[-1]
-    for position in range(len(ids) - 1, len(ids) - 1 + n):
-        last = simulated_next(last, position, vocab)
-        out.append(last)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +48,7 @@ def test_the_simulated_tokens_over_grpc_and_http(simulated_up):
     up, http, _ = simulated_up
     with SpliceClient(up.address, timeout=60) as client:
         vocab = client.model_info().vocab_rows
-        want = chain(IDS, N, vocab)
+        want = simulated_chain(IDS, N, vocab)
         got = [t for c in client.complete([IDS], max_tokens=N, **GREEDY) for t in c.token_ids]
         assert got == want
         chat_chunks = list(client.chat([{"role": "user", "content": "Count on."}], max_tokens=N, **GREEDY))
@@ -75,7 +67,7 @@ def test_the_simulated_tokens_over_grpc_and_http(simulated_up):
             "model": "tiny-text", "messages": [{"role": "user", "content": "Count on."}], "max_tokens": N,
             "return_token_ids": True, **GREEDY}).json()
     # the chat template's prompt, whatever it is, continues by the same rule on both faces
-    assert chat["choices"][0]["token_ids"] == chain(chat["prompt_token_ids"], N, vocab)
+    assert chat["choices"][0]["token_ids"] == simulated_chain(chat["prompt_token_ids"], N, vocab)
     assert [t for c in chat_chunks for t in c.token_ids] == chat["choices"][0]["token_ids"]
 
 
