@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from engine.byte_budget import ByteBudget
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.servicer import EngineServicer
+from engine.servicer import MULTIPLEX, EngineServicer
 from splice.call_guard import CallGuard
 from splice.drain import DEFAULT_GRACE, Drain
 from splice.grpc_options import SERVER_OPTIONS, bind, max_connection_age_options
@@ -40,11 +40,11 @@ class EngineServer:
         self.engine = engine
         self._drain = Drain()
         # metrics, errors -> status codes, the key and drain: one wrapper around each splice.v1 handler
-        guard = CallGuard(self._drain, api_key=api_key)
+        guard = CallGuard(self._drain, api_key=api_key, uncounted=(MULTIPLEX,))  # its calls are counted
         self.server = grpc.aio.server(options=SERVER_OPTIONS + max_connection_age_options(max_connection_age))
         # engine attached once warm
         self.servicer = EngineServicer(budget=ByteBudget(cfg.max_inflight_tensor_bytes),
-                                       upload_idle_timeout=cfg.upload_idle_timeout)
+                                       upload_idle_timeout=cfg.upload_idle_timeout, drain=self._drain)
         guard.register(engine_pb2_grpc.add_EngineServicer_to_server, self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

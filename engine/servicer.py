@@ -6,6 +6,7 @@ Generation starts as soon as the request is whole (its header and every tensor b
 at the stream's half-close, which comes in a later frame: the half-close (or a part too many, an error) is read
 beside the generation.
 GenerateWhole (the same parts in one message) is checked as that stream is, all at once.
+Multiplex carries many GenerateWhole calls on one stream, a step's outputs in one message (engine/multiplex.py).
 ResetPrefixCache forgets this replica's cached prefixes (the preprocessor calls every replica).
 Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
 preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
@@ -22,10 +23,15 @@ import grpc
 from engine.byte_budget import ByteBudget
 from engine.llm_engine import LLMEngine
 from engine.metrics import PREFIX_CACHE_RESETS
+from engine.multiplex import Multiplexer
+from splice.call_guard import RpcMetrics
+from splice.drain import Drain
 from splice.engine_wire import RequestAssembler
 from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from splice.load_report import MIN_UTILIZATION, TRAILER, CallRate, encode_load_report
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+MULTIPLEX = "/splice.v1.Engine/Multiplex"
 
 
 def _part_too_many(received: int, declared: int) -> InvalidArgument:
@@ -68,12 +74,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     """`engine` may be set after the server starts; until then calls get UNAVAILABLE (health says so too)."""
 
     def __init__(self, engine: LLMEngine | None = None, budget: ByteBudget | None = None,
-                 upload_idle_timeout: float = 30.0, replica: str = "engine") -> None:
+                 upload_idle_timeout: float = 30.0, replica: str = "engine", drain: Drain | None = None) -> None:
         self.engine = engine
+        self.drain = drain  # a Multiplex stream refuses new calls once it drains, and ends when its calls are done
         self.budget = budget or ByteBudget(4 << 30)
         self.upload_idle_timeout = upload_idle_timeout
         self.replica = replica  # how this replica names itself in errors (address and host)
         self._rate = CallRate()
+        self._call_metrics = RpcMetrics(MULTIPLEX)  # each multiplexed call, as the guard counts other calls
         self._in_flight = 0
 
     def _load_report(self) -> bytes:
@@ -142,8 +150,42 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         checks, in the same order, with the same messages. Every part is here already: no per-part reads,
         timeouts or end-of-stream watcher, so the engine is reached sooner."""
         engine = self._ready()
+        with self._counted(context):
+            async for pb in self._whole(engine, request):
+                yield pb
+
+    async def Multiplex(self, request_iterator: AsyncIterator[engine_pb2.MultiplexRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[engine_pb2.MultiplexResponse]:
+        """Many GenerateWhole calls on one stream, a step's outputs in one message (engine/multiplex.py). Each
+        call counts in the load report as a GenerateWhole call does; the stream carries no trailer of its own."""
+        engine = self._ready()
+        drain = self.drain
+        calls = Multiplexer(lambda request: self._multiplexed(engine, request),
+                            (lambda: drain.draining) if drain is not None else (lambda: False), self._call_metrics)
+        if drain is not None:
+            drain.watch(calls.wake)
+        try:
+            async for response in calls.serve(request_iterator):
+                yield response
+        finally:
+            if drain is not None:
+                drain.unwatch(calls.wake)
+
+    async def _multiplexed(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
+                           ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        self._in_flight += 1
+        try:
+            async with aclosing(self._whole(engine, request)) as outputs:
+                async for pb in outputs:
+                    yield pb
+        finally:
+            self._in_flight -= 1
+            self._rate.finished()
+
+    async def _whole(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
+                     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         parts = request.parts
-        with self._counted(context), self._upload(engine, parts[0] if parts else None) as upload:
+        with self._upload(engine, parts[0] if parts else None) as upload:
             while not upload.assembler.complete and upload.received < len(parts):
                 upload.add(parts[upload.received])
             engine_request = upload.assembler.finish()  # raises if the parts ended short of the declared bytes

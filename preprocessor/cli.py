@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
     parser.add_argument("--engine-api-key", default=None,
                         help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
+    parser.add_argument("--engine-multiplex", action=argparse.BooleanOptionalAction, default=True,
+                        help="requests that fit in one message share one Multiplex stream to the engine, which answers "
+                             "with one message per step for all of them; a dns:, ipv4: or ipv6: --engine (replicas) "
+                             "keeps one call per request, balanced by gRPC (default: %(default)s)")
     parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
                         help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port "
                              "only, a bare HOST ports 80 and 443 only (default: none)")
@@ -169,7 +173,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
     server = PreprocessorServer(engine=args.engine, model=model, host=args.host, port=args.port,
                                 limits=limits_from_args(args), poll_interval=args.poll_interval,
                                 resolve=resolve, http=http_from_args(args), admission=admission_from_args(args),
-                                security=security_from_args(args))
+                                security=security_from_args(args), engine_multiplex=args.engine_multiplex)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

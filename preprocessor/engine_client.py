@@ -1,5 +1,6 @@
 """Async client of splice.v1.Engine: ModelInfo, and Generate as an async generator of EngineOutput (a request
-that fits in one message goes as GenerateWhole, a larger one as the Generate stream).
+that fits in one message goes on the Multiplex stream to one engine, or as GenerateWhole to replicas; a larger one
+as the Generate stream).
 
 Closing the generator (the Chat caller went away, or a stop string matched) cancels the engine call,
 which aborts the sequence there.
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 
+from preprocessor.engine_multiplex import MultiplexedCalls
 from preprocessor.engine_replicas import ReplicaFailure, reset_every_replica
 from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
@@ -35,18 +38,30 @@ class EngineError(SpliceError):
         self.code = code
 
 
+def engine_error(code: str, details: str, target: str) -> SpliceError:
+    """The engine's status `code` (a grpc.StatusCode name) for a call, as the preprocessor passes it on."""
+    if code == "UNAVAILABLE":
+        return Unavailable(f"engine at {target} is unavailable: {details}")
+    return EngineError(code, f"engine: {details}")
+
+
 def map_rpc_error(exc: grpc.aio.AioRpcError, target: str) -> SpliceError:
-    code = exc.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(f"engine at {target} is unavailable: {exc.details()}")
-    return EngineError(code.name, f"engine: {exc.details()}")
+    return engine_error(exc.code().name, exc.details(), target)
+
+
+def one_engine(target: str) -> bool:
+    """Whether `target` names one engine (`host:port`), not replicas (a `dns:`, `ipv4:` or `ipv6:` target, which
+    gRPC balances per call)."""
+    return not target.startswith(("dns:", "ipv4:", "ipv6:"))
 
 
 class EngineClient:
-    def __init__(self, target: str, tls: ClientTLS | None = None, api_key: str | None = None) -> None:
+    def __init__(self, target: str, tls: ClientTLS | None = None, api_key: str | None = None,
+                 multiplex: bool = True) -> None:
         """`target`: any gRPC target, one engine (`host:port`) or replicas (`dns:///engine:50061`,
         `ipv4:h1:p,h2:p`) balanced by their reported load; `tls`: reach the engine over TLS (with a client
-        certificate for mTLS); `api_key`: the engine's key."""
+        certificate for mTLS); `api_key`: the engine's key; `multiplex`: requests that fit in one message share one
+        Multiplex stream to one engine (replicas keep one call per request, which gRPC balances)."""
         self.target = target
         self._tls = tls
         self._api_key = api_key
@@ -55,6 +70,9 @@ class EngineClient:
         self._channel = channel(target, tls, options, aio=True)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._metadata = bearer(api_key)
+        self._multiplexed = MultiplexedCalls(self._stub, self._metadata,
+                                             lambda code, details: engine_error(code, details, target)) \
+            if multiplex and one_engine(target) else None
 
     async def get_model_info(self, timeout: float = 5.0) -> ModelInfo:
         try:
@@ -67,27 +85,17 @@ class EngineClient:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         header = encode_header(request)
         whole = encode_whole(request, header)
+        if whole is not None and self._multiplexed is not None:  # one stream for many calls, one message a step
+            async with aclosing(self._multiplexed.generate(whole)) as batches:
+                async for out in _outputs(batches, request.sampling.n):
+                    yield out
+            return
         if whole is not None:  # one message: no stream round trips before the engine can start
             call = self._stub.GenerateWhole(whole, metadata=self._metadata)
         else:
             call = self._stub.Generate(paced(encode_request(request, header=header)), metadata=self._metadata)
-        pieces = Pieces()  # a long prompt's logprobs, in pieces before the first token (of choice 0)
-        unfinished = request.sampling.n  # choices still running: each ends with its own finished output
         try:
-            async for pb in call:
-                out = EngineOutput.from_pb(pb)
-                if out.prompt_logprobs is not None:
-                    pieces.add(out.prompt_logprobs)
-                    if not out.token_ids and not out.finished:  # a leading piece alone
-                        continue
-                    out = dataclasses.replace(out, prompt_logprobs=pieces.take())
-                unfinished -= out.finished
-                if not unfinished:
-                    # The call is read to its end (the engine's handler returns right after its last message)
-                    # before the last output goes on: a consumer that stops there would otherwise cancel a call
-                    # that succeeded, and the engine would count it CANCELLED, without its load report trailer.
-                    async for _ in call:
-                        pass
+            async for out in _outputs(_one_by_one(call), request.sampling.n):
                 yield out
         except grpc.aio.AioRpcError as exc:
             raise map_rpc_error(exc, self.target) from None
@@ -100,4 +108,51 @@ class EngineClient:
         return await reset_every_replica(self.target, self._tls, self._api_key)
 
     async def close(self) -> None:
+        if self._multiplexed is not None:
+            await self._multiplexed.close()
         await self._channel.close()
+
+
+async def _one_by_one(call: AsyncIterator[engine_pb2.GenerateResponse],
+                      ) -> AsyncIterator[list[engine_pb2.GenerateResponse]]:
+    async for pb in call:
+        yield [pb]
+
+
+def _merged(outs: list[EngineOutput]) -> list[EngineOutput]:
+    """Consecutive outputs of one choice as one, each finished output ending its run (a reader that fell behind
+    gets fewer, larger outputs, as the engine's outbox merges them for a slow reader of a call of its own)."""
+    runs: list[list[EngineOutput]] = []
+    for out in outs:
+        if runs and runs[-1][-1].index == out.index and not runs[-1][-1].finished:
+            runs[-1].append(out)
+        else:
+            runs.append([out])
+    return [EngineOutput.merge(run) for run in runs]
+
+
+async def _outputs(batches: AsyncIterator[list[engine_pb2.GenerateResponse]], n: int) -> AsyncIterator[EngineOutput]:
+    """A call's responses (in lists, as they arrived) as EngineOutputs: a long prompt's logprobs pieces joined,
+    before the first token (of choice 0); consecutive outputs of a choice merged; `n` choices, each ending with its
+    own finished output."""
+    pieces = Pieces()
+    unfinished = n
+    async for pbs in batches:
+        outs = []
+        for pb in pbs:
+            out = EngineOutput.from_pb(pb)
+            if out.prompt_logprobs is not None:
+                pieces.add(out.prompt_logprobs)
+                if not out.token_ids and not out.finished:  # a leading piece alone
+                    continue
+                out = dataclasses.replace(out, prompt_logprobs=pieces.take())
+            outs.append(out)
+        for out in _merged(outs) if len(outs) > 1 else outs:
+            unfinished -= out.finished
+            if not unfinished:
+                # The call is read to its end (the engine's handler returns right after its last message) before
+                # the last output goes on: a consumer that stops there would otherwise cancel a call that succeeded,
+                # and the engine would count it CANCELLED (a GenerateWhole call without its load report trailer).
+                async for _ in batches:
+                    pass
+            yield out

@@ -43,12 +43,12 @@ class EngineLink:
 
     def __init__(self, *, target: str | None = None, core: PreprocessorCore | None = None, model: str | None = None,
                  limits: Limits | None = None, poll_interval: float = 2.0, resolve: Resolve | None = None,
-                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None,
+                 engine_tls: ClientTLS | None = None, engine_api_key: str | None = None, engine_multiplex: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if (target is None) == (core is None):
             raise ValueError("pass exactly one of target= or core=")
         self._core = core
-        self._client = EngineClient(target, engine_tls, engine_api_key) if target else None
+        self._client = EngineClient(target, engine_tls, engine_api_key, engine_multiplex) if target else None
         self._model = model  # where the model files come from; default: the model the engine reports
         self._limits = limits or Limits()
         # One sandbox for every core this link builds (a core is rebuilt when the engine's model changes).

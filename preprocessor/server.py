@@ -37,7 +37,8 @@ class PreprocessorServer:
     def __init__(self, *, engine: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, core: PreprocessorCore | None = None,
                  poll_interval: float = 2.0, resolve: Resolve | None = None, http: HttpOptions | None = None,
-                 admission: Admission | None = None, security: Security | None = None) -> None:
+                 admission: Admission | None = None, security: Security | None = None,
+                 engine_multiplex: bool = True) -> None:
         """Either `engine` (a HOST:PORT to watch) or a ready `core` (tests: files + ModelInfo supplied).
         `http`: also serve the OpenAI-compatible API (off when None)."""
         self.host, self.port = host, port
@@ -45,7 +46,7 @@ class PreprocessorServer:
         self.security = security or Security()
         self.link = EngineLink(target=engine, core=core, model=model, limits=limits, poll_interval=poll_interval,
                                resolve=resolve, engine_tls=self.security.engine_tls,
-                               engine_api_key=self.security.engine_api_key)
+                               engine_api_key=self.security.engine_api_key, engine_multiplex=engine_multiplex)
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._http_options = http

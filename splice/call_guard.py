@@ -62,7 +62,7 @@ def status_code(context: grpc.aio.ServicerContext, exc: BaseException | None) ->
     return grpc.StatusCode.UNKNOWN  # what grpc.aio answers for an exception nobody mapped
 
 
-class _Metrics:
+class RpcMetrics:
     """One method's metric children, looked up on its first call and kept (prometheus' labels() takes a lock
     and builds a key tuple on every lookup)."""
 
@@ -78,13 +78,26 @@ class _Metrics:
         self._in_flight.inc()
 
     def done(self, context: grpc.aio.ServicerContext, exc: BaseException | None, seconds: float) -> None:
+        self.finish(status_code(context, exc), seconds)
+
+    def finish(self, code: grpc.StatusCode, seconds: float) -> None:
+        """A call that `start`ed ended with `code` after `seconds`."""
         self._in_flight.dec()
         self._seconds.observe(seconds)
-        code = status_code(context, exc)
         counter = self._codes.get(code)
         if counter is None:
             counter = self._codes[code] = RPCS.labels(self.service, self.method, code.name)
         counter.inc()
+
+
+class _Uncounted:
+    """The metrics of a stream that carries calls counted one by one (Engine/Multiplex): none of its own."""
+
+    def start(self) -> None:
+        pass
+
+    def done(self, context: grpc.aio.ServicerContext, exc: BaseException | None, seconds: float) -> None:
+        pass
 
 
 class CallGuard:
@@ -93,11 +106,13 @@ class CallGuard:
     new calls while the server drains and counts the running ones."""
 
     def __init__(self, drain: Drain, api_key: str | None = None, admission: Admission | None = None,
-                 also: tuple[str, ...] = ()) -> None:
-        """`also`: method prefixes guarded besides splice.v1's, e.g. reflection's when the key covers it."""
+                 also: tuple[str, ...] = (), uncounted: tuple[str, ...] = ()) -> None:
+        """`also`: method prefixes guarded besides splice.v1's, e.g. reflection's when the key covers it;
+        `uncounted`: methods whose streams carry calls that their servicer counts (RpcMetrics) one by one."""
         self.drain = drain
         self.admission = admission
         self.prefixes = (PREFIX, *also)
+        self.uncounted = uncounted
         self._expected = f"Bearer {api_key}".encode() if api_key else None
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
@@ -137,6 +152,9 @@ class CallGuard:
                 grpc.unary_unary_rpc_method_handler
         return make(wrapper, None, ser)  # no deserializer: `prepare` parses once the call is let in
 
+    def _metrics(self, method: str) -> RpcMetrics | _Uncounted:
+        return _Uncounted() if method in self.uncounted else RpcMetrics(method)
+
     def _unary_prepare(self, parse: Callable[[bytes], object], method: str):
         admission = self.admission
 
@@ -160,7 +178,7 @@ class CallGuard:
         return prepare
 
     def _unary(self, inner, prepare, method: str):
-        drain, metrics = self.drain, _Metrics(method)
+        drain, metrics = self.drain, self._metrics(method)
 
         async def wrapper(raw, context):
             async with _Call(drain, metrics, method, context) as call:
@@ -171,7 +189,7 @@ class CallGuard:
         return wrapper
 
     def _streaming(self, inner, prepare, method: str):
-        drain, metrics = self.drain, _Metrics(method)
+        drain, metrics = self.drain, self._metrics(method)
 
         async def wrapper(raw, context):
             async with _Call(drain, metrics, method, context) as call:
@@ -191,7 +209,8 @@ class _Call:
 
     __slots__ = ("context", "drain", "entered", "method", "metrics", "start", "tickets", "unread")
 
-    def __init__(self, drain: Drain, metrics: _Metrics, method: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, drain: Drain, metrics: RpcMetrics | _Uncounted, method: str,
+                 context: grpc.aio.ServicerContext) -> None:
         self.drain, self.metrics, self.method, self.context = drain, metrics, method, context
         self.tickets: list[Ticket] = []
         self.entered = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from splice.errors import Unavailable
 
@@ -22,6 +23,14 @@ class Drain:
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._watchers: set[Callable[[], None]] = set()  # told when the drain starts (long-lived streams)
+
+    def watch(self, told: Callable[[], None]) -> None:
+        """`told()` is called when the drain starts: a stream that carries many calls ends once they are done."""
+        self._watchers.add(told)
+
+    def unwatch(self, told: Callable[[], None]) -> None:
+        self._watchers.discard(told)
 
     def enter(self) -> None:
         """A new call: Unavailable once draining."""
@@ -39,6 +48,8 @@ class Drain:
         """Refuses new calls from now on; returns once the running ones finished or `grace` seconds passed,
         with the number still running (the caller cancels them by stopping the server)."""
         self.draining = True
+        for told in list(self._watchers):
+            told()
         deadline = time.monotonic() + grace
         while self.in_flight and time.monotonic() < deadline:
             try:

@@ -74,3 +74,33 @@ class GenerateResponse(_message.Message):
     prompt_logprobs: _common_pb2.PromptLogprobs
     index: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., prompt_logprobs: _Optional[_Union[_common_pb2.PromptLogprobs, _Mapping]] = ..., index: _Optional[int] = ...) -> None: ...
+
+class MultiplexRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: GenerateRequest
+    cancel: bool
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class MultiplexItem(_message.Message):
+    __slots__ = ("call_id", "output", "end", "code", "message")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    output: GenerateResponse
+    end: bool
+    code: str
+    message: str
+    def __init__(self, call_id: _Optional[int] = ..., output: _Optional[_Union[GenerateResponse, _Mapping]] = ..., end: _Optional[bool] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class MultiplexResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[MultiplexItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[MultiplexItem, _Mapping]]] = ...) -> None: ...

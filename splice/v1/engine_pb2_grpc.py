@@ -45,6 +45,11 @@ class EngineStub:
                 request_serializer=splice_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Multiplex = channel.stream_stream(
+                '/splice.v1.Engine/Multiplex',
+                request_serializer=splice_dot_v1_dot_engine__pb2.MultiplexRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.MultiplexResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/splice.v1.Engine/GetModelInfo',
                 request_serializer=splice_dot_v1_dot_common__pb2.GetModelInfoRequest.SerializeToString,
@@ -78,6 +83,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Multiplex(self, request_iterator, context):
+        """Many GenerateWhole calls on one stream (one per preprocessor and engine replica): the client starts and
+        cancels requests by a call ID of its own; the server answers with one message per engine step carrying
+        every running call's outputs, errors and ends. Each call gets the same answers and errors as GenerateWhole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -104,6 +118,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GenerateWhole,
                     request_deserializer=splice_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=splice_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Multiplex': grpc.stream_stream_rpc_method_handler(
+                    servicer.Multiplex,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.MultiplexRequest.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.MultiplexResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -170,6 +189,33 @@ class Engine:
             '/splice.v1.Engine/GenerateWhole',
             splice_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             splice_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Multiplex(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/splice.v1.Engine/Multiplex',
+            splice_dot_v1_dot_engine__pb2.MultiplexRequest.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.MultiplexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,10 +67,10 @@ def test_counters_move_by_what_the_requests_imply(metered_stack, mixed_messages)
         return value(samples, name, **labels) - value(p0, name, **labels)
 
     def gen_delta(samples: Samples, name: str, **labels: str) -> float:
-        """Over the engine's two generate methods: the stream, and GenerateWhole for a request that fits in one
-        message."""
+        """Over the engine's generate methods: the stream, GenerateWhole for a request that fits in one message, and
+        Multiplex for such a request on the preprocessor's shared stream (each of its calls counted)."""
         return sum(e_delta(samples, name, service="splice.v1.Engine", method=m, **labels)
-                   for m in ("Generate", "GenerateWhole"))
+                   for m in ("Generate", "GenerateWhole", "Multiplex"))
 
     e1 = _settle(em, lambda s: e_delta(s, "splice_engine_generation_tokens_total") >= generated
                  and gen_delta(s, "splice_rpc_requests_total", code="OK") >= 1)
