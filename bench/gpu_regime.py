@@ -3,7 +3,8 @@ each step a wait of MS ms that holds no CPU, as a GPU's forward would, engine/si
 per MS (every stream advancing one token per forward, nothing else costing time), and each process's CPU per token.
 
     python -m bench.gpu_regime [--model tiny-text] [--ms 10 25] [--streams 64 256 512] [--new-tokens 100]
-                               [--procs 4] [--faces grpc http] [--repeats 1] [--no-extras] [--quick]
+                               [--procs 4] [--faces grpc http] [--hops multiplex per-call] [--repeats 1]
+                               [--no-extras] [--quick]
 
 One stack per MS (engine --max-running-seqs and --max-queue, preprocessor --max-concurrent-requests: at least the
 largest N; every other flag at its default). The clients run in PROCS processes of their own (N / PROCS streams
@@ -36,7 +37,7 @@ import os
 import resource
 import statistics
 import time
-from contextlib import aclosing
+from contextlib import ExitStack, aclosing
 from multiprocessing.connection import Connection
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -44,6 +45,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from bench.common import bench_parser, in_turns_async, prompts, report, spread
 
 PROMPT_LEN = 16
+HOPS = {"multiplex": [], "per-call": ["--no-engine-multiplex"]}  # preprocessor flags of each engine hop
 QUICK = {"ms": [10.0], "streams": [64], "new_tokens": 20, "repeats": 1, "ttft_requests": 5, "itl_tokens": 80}
 
 
@@ -165,7 +167,7 @@ class Clients:
 
 # -- the table ------------------------------------------------------------------------------------------------------
 
-def print_row(ms: float, n: int, face: str, runs: list[dict]) -> None:
+def print_row(ms: float, n: int, face: str, runs: list[dict], hop: str = "") -> None:
     ideal = n * 1000 / ms
     rates = [r["tokens"] / r["wall"] for r in runs]
     per_token = {name: statistics.median(r["cpu"][name] / r["tokens"] * 1e6 for r in runs)
@@ -173,7 +175,7 @@ def print_row(ms: float, n: int, face: str, runs: list[dict]) -> None:
     clients = statistics.median(sum(r["clients"]) / r["tokens"] * 1e6 for r in runs)
     busiest = statistics.median(max(r["clients"]) / r["wall"] for r in runs)
     cores = statistics.median((sum(r["cpu"].values()) + sum(r["clients"])) / r["wall"] for r in runs)
-    print(f"MS {ms:g} N {n:>3} {face:>4}: {spread(rates)} tok/s of ideal {ideal:,.0f} = "
+    print(f"MS {ms:g} N {n:>3} {face:>4}{hop}: {spread(rates)} tok/s of ideal {ideal:,.0f} = "
           f"{statistics.median(rates) / ideal:.2f} | CPU us/token: engine {per_token['engine']:.0f}, "
           f"preprocessor {per_token['preprocessor']:.0f}, clients {clients:.0f} ({len(runs[0]['clients'])} procs, "
           f"busiest {busiest:.2f} core) | cores busy {cores:.2f}", flush=True)
@@ -314,6 +316,9 @@ async def main() -> None:
     parser = bench_parser(__doc__, quick=QUICK, repeats=1, ms=[10.0, 25.0], streams=[64, 256, 512], new_tokens=100,
                           procs=4, faces=["grpc", "http"], ttft_requests=20, itl_tokens=200)
     parser.add_argument("--no-extras", action="store_true", help="only the table")
+    parser.add_argument("--hops", nargs="+", choices=list(HOPS), default=["multiplex"],
+                        help="the preprocessor's engine hop: one Multiplex stream (the default), and/or one call per "
+                             "request (--no-engine-multiplex), each a stack of its own, measured in turns")
     args = parser.parse_args()
     from app.models import resolve_model
     from bench.stacks import running_stack
@@ -325,18 +330,25 @@ async def main() -> None:
         for ms in args.ms:
             engine_args = ["--simulate-forward-ms", str(ms), "--max-running-seqs", str(most), "--max-queue", str(most)]
             pre_args = ["--max-concurrent-requests", str(2 * most + 64)]
-            with running_stack(args.model, http_port=0, engine_args=engine_args,
-                               preprocessor_args=pre_args) as (engine, pre):
-                pids = {"engine": engine.proc.pid, "preprocessor": pre.proc.pid}
-                targets = {"grpc": pre.address, "http": pre.http_address}
+            with ExitStack() as stacks:
+                up = {hop: stacks.enter_context(running_stack(args.model, http_port=0, engine_args=engine_args,
+                                                              preprocessor_args=pre_args + HOPS[hop]))
+                      for hop in args.hops}
                 for n in args.streams:
                     batch = prompts(n, seed=n, lengths=(PROMPT_LEN, PROMPT_LEN))
                     for face in args.faces:
-                        runs = [clients.run(face, targets[face], batch, args.new_tokens, pids)
-                                for _ in range(args.repeats)]
-                        print_row(ms, n, face, runs)
+                        runs: dict[str, list[dict]] = {hop: [] for hop in up}
+                        for _ in range(args.repeats):  # in turns: the machine's drift hits every variant alike
+                            for hop, (engine, pre) in up.items():
+                                pids = {"engine": engine.proc.pid, "preprocessor": pre.proc.pid}
+                                target = pre.address if face == "grpc" else pre.http_address
+                                runs[hop].append(clients.run(face, target, batch, args.new_tokens, pids))
+                        for hop in up:
+                            print_row(ms, n, face, runs[hop], f" {hop}" if len(up) > 1 else "")
+                engine, pre = up[args.hops[0]]
                 if not args.no_extras and ms == args.ms[0]:
-                    await extras(args, ms, folder, pre, clients, pids)
+                    await extras(args, ms, folder, pre, clients,
+                                 {"engine": engine.proc.pid, "preprocessor": pre.proc.pid})
     finally:
         clients.close()
     print(f"({args.model}, {args.new_tokens} tokens per stream, {PROMPT_LEN} prompt IDs, clients in {args.procs} "

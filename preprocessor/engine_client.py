@@ -9,6 +9,7 @@ which aborts the sequence there.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -27,6 +28,7 @@ from splice.security import ClientTLS, bearer, channel
 from splice.tensor_chunks import paced
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
+log = logging.getLogger(__name__)
 ENGINE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
@@ -86,10 +88,17 @@ class EngineClient:
         header = encode_header(request)
         whole = encode_whole(request, header)
         if whole is not None and self._multiplexed is not None:  # one stream for many calls, one message a step
-            async with aclosing(self._multiplexed.generate(whole)) as batches:
-                async for out in _outputs(batches, request.sampling.n):
-                    yield out
-            return
+            try:
+                async with aclosing(self._multiplexed.generate(whole)) as batches:
+                    async for out in _outputs(batches, request.sampling.n):
+                        yield out
+                return
+            except EngineError as exc:  # an engine older than Multiplex: one call per request from now on
+                if exc.code != "UNIMPLEMENTED":
+                    raise
+                log.warning("the engine at %s has no Multiplex method (an older version): one call per request",
+                            self.target)
+                self._multiplexed = None
         if whole is not None:  # one message: no stream round trips before the engine can start
             call = self._stub.GenerateWhole(whole, metadata=self._metadata)
         else:

@@ -8,7 +8,9 @@ import asyncio
 
 import grpc
 
+from engine.multiplex import Multiplexer
 from splice.engine_wire import RequestAssembler
+from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 from splice.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
@@ -38,10 +40,17 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
         async for response in self._reply(assembler, context):
             yield response
 
+    async def Multiplex(self, request_iterator, context):
+        """The engine's own multiplexing (engine/multiplex.py) around this stand-in's GenerateWhole."""
+        async for response in Multiplexer(lambda request: self.GenerateWhole(request, None)).serve(request_iterator):
+            yield response
+
     async def _reply(self, assembler: RequestAssembler, context):
         request = assembler.finish()
         self.requests.append(request)
         if self.abort:
+            if context is None:  # a Multiplex call: its error ends the call, not the stream
+                raise InvalidArgument(self.abort)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.abort)
         try:
             i = 0
