@@ -18,7 +18,7 @@ from app.models import resolve_model
 from preprocessor.core import PreprocessorCore
 from preprocessor.server import PreprocessorServer
 from splice.tensors import tensor_to_pb
-from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
+from splice.v1 import common_pb2, engine_pb2_grpc, preprocessor_pb2, preprocessor_pb2_grpc
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 from tests.preprocessor.standin_engine import StandinEngine, start_standin
 
@@ -37,14 +37,20 @@ async def _wait_health(channel, want, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _link(tiny_dirs, tiny, name, model_flag=True, **engine_kw):
+class PerCallEngine(StandinEngine):
+    """An engine from before Multiplex: the method is not implemented."""
+
+    Multiplex = engine_pb2_grpc.EngineServicer.Multiplex
+
+
+async def _link(tiny_dirs, tiny, name, model_flag=True, multiplex=True, kind=StandinEngine, **engine_kw):
     files, info = tiny[name]
     answer = files.tokenizer("All good here.", add_special_tokens=False)["input_ids"]
-    engine = StandinEngine(info, answer, **engine_kw)
+    engine = kind(info, answer, **engine_kw)
     engine_server, engine_port = await start_standin(engine)
     # Without a model flag the files come from the path the engine reports, as `splice preprocessor` does.
     pre = PreprocessorServer(engine=f"127.0.0.1:{engine_port}", model=str(tiny_dirs[name]) if model_flag else None,
-                             poll_interval=0.1, resolve=resolve_model)
+                             poll_interval=0.1, resolve=resolve_model, engine_multiplex=multiplex)
     port = await pre.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
@@ -83,8 +89,13 @@ async def test_chat_through_the_engine_link(tiny_dirs, tiny):
         await _close(es, pre, channel)
 
 
-async def test_client_cancel_cancels_the_engine_call(tiny_dirs, tiny):
-    engine, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", forever=True, delay=0.01)
+HOPS = pytest.mark.parametrize("multiplex", [True, False], ids=["multiplex", "per-call"])
+
+
+@HOPS
+async def test_client_cancel_cancels_the_engine_call(tiny_dirs, tiny, multiplex):
+    engine, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", forever=True, delay=0.01,
+                                              multiplex=multiplex)
     try:
         call = preprocessor_pb2_grpc.PreprocessorStub(channel).Chat(
             pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="hi")]))
@@ -96,8 +107,10 @@ async def test_client_cancel_cancels_the_engine_call(tiny_dirs, tiny):
         await _close(es, pre, channel)
 
 
-async def test_stop_string_cancels_the_engine_call(tiny_dirs, tiny):
-    engine, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", forever=True, delay=0.01)
+@HOPS
+async def test_stop_string_cancels_the_engine_call(tiny_dirs, tiny, multiplex):
+    engine, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", forever=True, delay=0.01,
+                                              multiplex=multiplex)
     try:
         req = pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="hi")],
                              sampling=common_pb2.SamplingParams(stop=["here"]))
@@ -109,8 +122,10 @@ async def test_stop_string_cancels_the_engine_call(tiny_dirs, tiny):
         await _close(es, pre, channel)
 
 
-async def test_engine_errors_keep_their_code(tiny_dirs, tiny):
-    _, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", abort="span 0 out of range")
+@HOPS
+async def test_engine_errors_keep_their_code(tiny_dirs, tiny, multiplex):
+    _, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", abort="span 0 out of range",
+                                         multiplex=multiplex)
     try:
         call = preprocessor_pb2_grpc.PreprocessorStub(channel).Chat(
             pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="hi")]))
@@ -118,6 +133,19 @@ async def test_engine_errors_keep_their_code(tiny_dirs, tiny):
             [c async for c in call]
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert exc.value.details() == "engine: span 0 out of range"
+    finally:
+        await _close(es, pre, channel)
+
+
+async def test_an_engine_without_multiplex_gets_one_call_per_request(tiny_dirs, tiny, caplog):
+    engine, es, _, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", kind=PerCallEngine)
+    try:
+        for _ in range(2):
+            chunks = [c async for c in preprocessor_pb2_grpc.PreprocessorStub(channel).Chat(
+                pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="hi")]))]
+            assert "".join(c.text for c in chunks) == "All good here."
+        assert len(engine.requests) == 2
+        assert sum("has no Multiplex method" in r.getMessage() for r in caplog.records) == 1
     finally:
         await _close(es, pre, channel)
 
