@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
+from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS, GPU_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
 from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
@@ -37,9 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="positions one forward may process; default max(8192, max model len)")
-    parser.add_argument("--mixed-prefill-tokens", type=int, default=DEFAULT_MIXED_PREFILL_TOKENS,
+    parser.add_argument("--mixed-prefill-tokens", type=int, default=None,
                         help="while sequences decode, prompt positions a step may prefill (a longer prompt is "
-                             "prefilled over several steps): smaller keeps inter-token latency flat under arrivals")
+                             "prefilled over several steps): smaller keeps inter-token latency flat under arrivals "
+                             f"(default: {DEFAULT_MIXED_PREFILL_TOKENS} on CPU; {GPU_MIXED_PREFILL_TOKENS} on a GPU "
+                             "and with --simulate-forward-ms)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send each stream's tokens every N tokens (its first token and its end at once): "
                              "fewer, larger messages for more throughput, burstier streams")

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.lean_llama import IMPLS
-from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS
 from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,7 +33,7 @@ class EngineConfig:
     upload_idle_timeout: float = 30.0
     # while sequences decode, a step prefills at most this many newly admitted prompt positions (a longer prompt
     # over several steps): smaller keeps inter-token latency flat under arrivals, larger admits faster
-    mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS
+    mixed_prefill_tokens: int | None = None  # None: by device (engine/scheduler.py mixed_prefill_default)
     # ranks holding a shard of the model each (transformers' tensor-parallel plan on torch.distributed)
     tensor_parallel_size: int = 1
     # a stream's outputs go out every this many tokens (its first token and its end at once): fewer, larger
@@ -80,7 +79,7 @@ class EngineConfig:
             raise ValueError(f"max_inflight_tensor_bytes must be >= 1, got {self.max_inflight_tensor_bytes}")
         if self.upload_idle_timeout <= 0:
             raise ValueError(f"upload_idle_timeout must be > 0, got {self.upload_idle_timeout}")
-        if self.mixed_prefill_tokens < 1:
+        if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
             raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -29,7 +29,7 @@ from engine.model_runner import ModelRunner, PromptPart, Stepped, batch_capacity
 from engine.outbox import Listener, Outbox
 from engine.prefix_cache import PrefixCache, PrefixKeys, cache_root, prefix_keys
 from engine.sampler import make_generator, sample
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput, mixed_prefill_default
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
@@ -69,7 +69,9 @@ class LLMEngine:
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
-        self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, cfg.mixed_prefill_tokens,
+        mixed = cfg.mixed_prefill_tokens or mixed_prefill_default(self.m.device.type == "cuda"
+                                                                  or bool(cfg.simulate_forward_ms))
+        self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, mixed,
                                    self.family.packs_mixed_steps, self._cached if self.prefix is not None else None)
         # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
         self._resets: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []

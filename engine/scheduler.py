@@ -27,6 +27,14 @@ from engine.sequence import FinishReason, SeqStatus, Sequence
 from splice.errors import InvalidArgument, ResourceExhausted
 
 DEFAULT_MIXED_PREFILL_TOKENS = 128  # on CPU a prompt position costs about what a decode row does: keep steps short
+# On a GPU a step's cost hardly grows with a few hundred prompt positions beside the decode rows (the forward is
+# bound by reading the weights), so a burst of arrivals is admitted in a step or two, not eight.
+GPU_MIXED_PREFILL_TOKENS = 512
+
+
+def mixed_prefill_default(gpu: bool) -> int:
+    """--mixed-prefill-tokens when not given: by where the forward runs (a simulated forward stands for a GPU's)."""
+    return GPU_MIXED_PREFILL_TOKENS if gpu else DEFAULT_MIXED_PREFILL_TOKENS
 
 
 @dataclass(frozen=True)
