@@ -81,6 +81,11 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._seqs: dict[int, Sequence] = {}  # seq_id -> live sequence
         self._listeners: dict[int, Listener] = {}  # seq_id -> where its outputs go
+        # The forward runs on a device (a GPU, or simulated): a launch returns at once and the host waits only when it
+        # samples, so a step's outputs are handed over after the next forward's launch, while it runs, instead of
+        # taking the GIL and the cores from the host work that prepares it. On CPU the forward is that host work: no
+        # step waits for the next one's forward to hand its outputs over.
+        self._overlap = self.m.device.type == "cuda" or bool(cfg.simulate_forward_ms)
         self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self._forked: dict[int, list[Sequence]] = {}  # this step's n > 1 prompts: seq_id -> its choices that started
@@ -302,6 +307,9 @@ class LLMEngine:
         parts = self._prompt_parts(out)
         try:
             ran = self.runner.step([s.output_ids[-1] for s in rows], list(parts.values()))
+            if self._overlap:  # the forward runs on the device: the previous step's outputs go out meanwhile
+                self._flush()
+            self.m.family.synchronize()
         except Exception as exc:  # the decode failed: the shared cache may be half-updated, every running row fails
             log.exception("decode step failed")
             self._fail_running(exc)
@@ -329,7 +337,8 @@ class LLMEngine:
             out = self.scheduler.schedule()
             self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
             arrivals = {c.seq.seq_id: lst.arrival for c in out.parts if (lst := self._listeners.get(c.seq.seq_id))}
-        self._flush()
+        if not self._overlap or out.is_empty:  # (else once the next forward is launched: `step`)
+            self._flush()
         self.runner.remove({s.seq_id for s in aborted})
         with self._lock:
             rows = [self._seqs[i] for i in self.runner.seq_ids]
@@ -460,8 +469,9 @@ class LLMEngine:
                     self._release(seq)
         # before the hand-off: a caller who sends its next turn on reading this one's end finds its blocks
         self._keep_generated([s for s in seqs if s.seq_id in finished])
-        # one hand-off per event loop for the whole step
-        self._flush()
+        # one hand-off per event loop for the whole step: now, or on a device once the next forward is launched (`step`)
+        if not self._overlap:
+            self._flush()
         self.stats.generated(len(seqs) - skipped)  # one counter update per step, not per token
         self.runner.remove(finished)
 

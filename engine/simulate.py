@@ -6,9 +6,15 @@ the forward takes the cores that the scheduler, the sampler, both gRPC hops and 
 calls are replaced, everything else stays real: the family (engine/models/) is subclassed so that its text stack
 (`backbone`), `logits`, `lookup` and vision tower (`image_features`) become:
 
-- a forward that waits (time.sleep: no CPU held, the GIL released, as a kernel launch and its wait would) MS ms when it
-  decodes rows, plus MS ms per started PROMPT_POSITIONS_PER_FORWARD of the prompt positions it prefills;
-- a vision tower call that waits MS ms and gives zero features of the family's own row count;
+- a forward that takes (no CPU held, the GIL released) MS ms when it decodes rows, plus MS ms per started
+  PROMPT_POSITIONS_PER_FORWARD of the prompt positions it prefills;
+- a vision tower call that takes MS ms and gives zero features of the family's own row count.
+
+As on a GPU, where a forward's kernels are launched at once and the host waits only when it reads their results, a
+call returns at once and its time runs from then: `synchronize()` (the engine calls it before it samples, where a
+GPU's results are first read) sleeps until every call made so far would have finished. So the host work between a
+launch and that read (handing the previous step's outputs over) overlaps the forward, as it does on a GPU; the
+results themselves are computed at once (they are cheap), only their time is simulated. The calls so simulated:
 - logits of the full vocabulary width in which one token, `simulated_next` of the position's token and its position
   id, stands LEAD above the rest: every sampler (greedy or not, penalties) picks it, so outputs are deterministic
   and checkable, and logprobs stay finite.
@@ -80,18 +86,32 @@ def from_digits(rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def wait(seconds: float) -> None:
-    if seconds > 0:
-        time.sleep(seconds)
+class Device:
+    """A simulated accelerator's queue: work launched runs one call after another; `synchronize` waits for all of it
+    (time.sleep: no CPU held, the GIL released)."""
+
+    def __init__(self) -> None:
+        self.due = 0.0  # time.monotonic() when everything launched so far is done
+
+    def launch(self, seconds: float) -> None:
+        if seconds > 0:
+            self.due = max(self.due, time.monotonic()) + seconds
+
+    def synchronize(self) -> None:
+        left = self.due - time.monotonic()
+        if left > 0:
+            time.sleep(left)
 
 
 class SimulatedBackbone:
     """The text stack: inputs_embeds [rows, q, hidden] (tokens as digits) and position ids -> last_hidden_state [rows,
-    q, hidden] holding each position's next token as digits, after the forward's wait. The cache is not touched."""
+    q, hidden] holding each position's next token as digits; the forward's time is launched on `device`. The cache is
+    not touched."""
 
-    def __init__(self, ms: float, vocab: int) -> None:
+    def __init__(self, ms: float, vocab: int, device: Device) -> None:
         self.ms = ms
         self.vocab = vocab
+        self.device = device
 
     def __call__(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any) -> SimpleNamespace:
         packed = kwargs.get(PACKED)
@@ -103,7 +123,7 @@ class SimulatedBackbone:
         positions = position_ids[0] if position_ids.dim() == 3 else position_ids  # M-RoPE: the temporal ids
         nexts = simulated_next(from_digits(inputs_embeds), positions.to(inputs_embeds.device).long(), self.vocab)
         hidden = to_digits(nexts, inputs_embeds.shape[-1], inputs_embeds.dtype)
-        wait(forward_seconds(self.ms, rows, prompt))
+        self.device.launch(forward_seconds(self.ms, rows, prompt))
         return SimpleNamespace(last_hidden_state=hidden)
 
 
@@ -120,7 +140,11 @@ class Simulated(ModelFamily):
             raise FailedPrecondition(f"--simulate-forward-ms needs a hidden size >= {DIGITS}, got {self.hidden_size}")
         head = self.lm_head
         self.vocab = int(getattr(head, "out_features", None) or head.weight.shape[0])  # the real logits' width
-        self.backbone = SimulatedBackbone(self.simulate_ms, self.vocab)
+        self.simulated_device = Device()
+        self.backbone = SimulatedBackbone(self.simulate_ms, self.vocab, self.simulated_device)
+
+    def synchronize(self) -> None:
+        self.simulated_device.synchronize()
 
     def select_impl(self, impl: str, tensor_parallel: bool = False) -> str:
         self.impl = "simulated"
@@ -131,7 +155,7 @@ class Simulated(ModelFamily):
 
     def image_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         rows = self.images.expected_rows(inputs)  # (validated before: this is the family's own count)
-        wait(self.simulate_ms / 1000)
+        self.simulated_device.launch(self.simulate_ms / 1000)
         return torch.zeros(rows, self.hidden_size, dtype=self.dtype, device=self.device)
 
     def forward_kwargs(self, step: StepInputs, embeds: torch.Tensor) -> dict[str, Any]:

@@ -338,6 +338,10 @@ class ModelFamily:
         """Extra backbone inputs computed from the IDs (e.g. Gemma 4's per-layer inputs)."""
         return {}
 
+    def synchronize(self) -> None:
+        """Waits for the forwards launched so far (the engine calls it before it samples). Nothing to do for a real
+        model: reading the sampled tokens waits for the device (engine/simulate.py simulates that wait here)."""
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> float logits [rows, vocab]."""
         return self.lm_head(hidden).float()
