@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,8 +67,9 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
-    @property
+    @functools.cached_property
     def stop_ids(self) -> frozenset[int]:
+        """(Read once per generated token; the sampling parameters never change.)"""
         eos = () if self.sampling.ignore_eos else self.eos_token_ids
         return frozenset((*eos, *self.sampling.stop_token_ids))
 
