@@ -70,7 +70,7 @@ class LLMEngine:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         mixed = cfg.mixed_prefill_tokens or mixed_prefill_default(self.m.device.type == "cuda"
-                                                                  or bool(cfg.simulate_forward_ms))
+                                                                  or cfg.simulate_forward_ms is not None)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, mixed,
                                    self.family.packs_mixed_steps, self._cached if self.prefix is not None else None)
         # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
@@ -85,7 +85,7 @@ class LLMEngine:
         # samples, so a step's outputs are handed over after the next forward's launch, while it runs, instead of
         # taking the GIL and the cores from the host work that prepares it. On CPU the forward is that host work: no
         # step waits for the next one's forward to hand its outputs over.
-        self._overlap = self.m.device.type == "cuda" or bool(cfg.simulate_forward_ms)
+        self._overlap = self.m.device.type == "cuda" or cfg.simulate_forward_ms is not None
         self._outbox = Outbox()  # this step's outputs, handed to the event loops once per step
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private sampling generator
         self._forked: dict[int, list[Sequence]] = {}  # this step's n > 1 prompts: seq_id -> its choices that started

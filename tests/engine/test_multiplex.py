@@ -62,9 +62,13 @@ def _idle(engine) -> bool:
     return engine.num_running == 0 and not engine._seqs
 
 
-async def _tokens(client: EngineClient, req) -> tuple[list[int], list]:
+async def _tokens(client: EngineClient, req) -> tuple[dict[int, list[int]], list]:
+    """Each choice's tokens (choices interleave differently in a merged output), and the outputs."""
     outs = [o async for o in client.generate(req)]
-    return [t for o in outs for t in o.token_ids], outs
+    tokens: dict[int, list[int]] = {}
+    for o in outs:
+        tokens.setdefault(o.index, []).extend(o.token_ids)
+    return tokens, outs
 
 
 async def test_concurrent_calls_on_one_stream_give_their_per_call_tokens(server, clients, tiny_dirs):
@@ -84,8 +88,11 @@ async def test_concurrent_calls_on_one_stream_give_their_per_call_tokens(server,
         for o in want_outs:
             if o.finished:
                 assert (ends[o.index].finish_reason, ends[o.index].usage) == (o.finish_reason, o.usage)
-        assert [lp for o in outs for lp in o.logprobs] == pytest.approx([lp for o in want_outs for lp in o.logprobs])
-        assert [t for o in outs for t in o.top_ids] == [t for o in want_outs for t in o.top_ids]
+        for i in tokens:
+            assert [lp for o in outs if o.index == i for lp in o.logprobs] == pytest.approx(
+                [lp for o in want_outs if o.index == i for lp in o.logprobs])
+            assert [t for o in outs if o.index == i for t in o.top_ids] == \
+                [t for o in want_outs if o.index == i for t in o.top_ids]
     await until(lambda: _idle(server.engine), "every sequence released")
 
 

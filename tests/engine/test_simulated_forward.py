@@ -5,15 +5,19 @@ around it (scheduler, runner bookkeeping, sampler, prefix cache, forks, chunked 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.model_runner import PREFILL_CHUNK
 from engine.models.idefics3 import Idefics3
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache
-from engine.simulate import forward_seconds, from_digits, simulated_chain, simulated_next, to_digits
+from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS, GPU_MIXED_PREFILL_TOKENS
+from engine.simulate import Device, forward_seconds, from_digits, simulated_chain, simulated_next, to_digits
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, image_inputs, random_ids, start_engine, text_request
@@ -40,6 +44,29 @@ def test_a_forward_waits_one_step_for_its_rows_and_one_per_512_prompt_positions(
     assert forward_seconds(10, 0, 513) == pytest.approx(0.020)
     assert forward_seconds(10, 3, 512) == pytest.approx(0.020)
     assert forward_seconds(25, 3, 1025) == pytest.approx(0.100)
+
+
+def test_launched_calls_queue_up_and_synchronize_waits_for_all_of_them():
+    device = Device()
+    before = time.monotonic()
+    device.launch(0.05)
+    device.launch(0.05)  # runs after the first, as a device's queue would
+    device.launch(0)
+    assert device.due >= before + 0.1
+    device.synchronize()
+    assert time.monotonic() >= before + 0.1
+    device.synchronize()  # nothing left: returns at once
+    again = time.monotonic()
+    device.launch(0.01)
+    assert device.due >= again + 0.01  # counted from now, not from the earlier due time
+
+
+def test_mixed_prefill_tokens_default_by_where_the_forward_runs(tiny_dirs):
+    for simulate, given, want in ((None, None, DEFAULT_MIXED_PREFILL_TOKENS), (1.0, None, GPU_MIXED_PREFILL_TOKENS),
+                                  (1.0, 64, 64), (None, 300, 300)):
+        engine = LLMEngine(EngineConfig(model=str(tiny_dirs["tiny-text"]), simulate_forward_ms=simulate,
+                                        mixed_prefill_tokens=given))
+        assert engine.scheduler.mixed_prefill_tokens == want, (simulate, given)
 
 
 def test_the_prefix_cache_keeps_nothing_from_a_batch_no_layer_wrote():
