@@ -5,6 +5,7 @@ request, a step's outputs in one message, cancel, half-close, a broken stream, p
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import pytest
@@ -35,11 +36,16 @@ async def until(condition, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(tiny_dirs):
-    srv = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-idefics3"]), model_name="tiny-idefics3"))
+async def _serving(model: Path, name: str) -> EngineServer:
+    srv = EngineServer(EngineConfig(model=str(model), model_name=name))
     await srv.listen()
     await srv.load()
+    return srv
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server(tiny_dirs):
+    srv = await _serving(tiny_dirs["tiny-idefics3"], "tiny-idefics3")
     yield srv
     await srv.stop(grace=1)
 
@@ -191,9 +197,7 @@ async def test_responses_are_cut_below_the_size_limit():
 
 
 async def test_a_stream_that_breaks_fails_its_calls_unavailable_and_the_next_call_reopens(tiny_dirs):
-    srv = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-text"]), model_name="tiny-text"))
-    await srv.listen()
-    await srv.load()
+    srv = await _serving(tiny_dirs["tiny-text"], "tiny-text")
     client = EngineClient(srv.address)
     try:
         outputs = client.generate(text_request(random_ids(5, seed=70), "cut", max_tokens=5000))
@@ -212,9 +216,7 @@ async def test_a_stream_that_breaks_fails_its_calls_unavailable_and_the_next_cal
 
 
 async def test_draining_refuses_new_calls_and_ends_the_stream_after_its_calls(tiny_dirs):
-    srv = EngineServer(EngineConfig(model=str(tiny_dirs["tiny-text"]), model_name="tiny-text"))
-    await srv.listen()
-    await srv.load()
+    srv = await _serving(tiny_dirs["tiny-text"], "tiny-text")
     client = EngineClient(srv.address)
     try:
         outputs = client.generate(text_request(random_ids(5, seed=80), "running", max_tokens=300))
