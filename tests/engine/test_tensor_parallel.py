@@ -46,22 +46,27 @@ def _requests(case: FamilyCase, model_dir) -> list:
     return [text, mixed, resent]
 
 
+def _flat(outputs: list) -> tuple[list[int], list[float]]:
+    """The tokens, and the logprobs: the chosen tokens', then the prompt's where asked (apart: a reader that fell
+    behind gets several tokens in one output, beside the prompt's logprobs)."""
+    plps = [lp for out in outputs if out.prompt_logprobs for lp in out.prompt_logprobs.logprobs]
+    return [t for out in outputs for t in out.token_ids], [lp for out in outputs for lp in out.logprobs] + plps
+
+
 async def _through(address: str, reqs: list) -> list[tuple[list[int], list[float]]]:
     """All at once, except a long last request (tiny-text's) or a re-sent picture, which arrive once the others
-    stream. The logprobs:
-    the chosen tokens', then the prompt's where asked."""
+    stream."""
     client = EngineClient(address)
     streaming = asyncio.Event()
 
     async def one(req, late: bool):
         if late:
             await streaming.wait()
-        toks, lps = [], []
+        outputs = []
         async for out in client.generate(req):
             streaming.set()
-            toks += out.token_ids
-            lps += list(out.logprobs or []) + list(out.prompt_logprobs.logprobs if out.prompt_logprobs else [])
-        return toks, lps
+            outputs.append(out)
+        return _flat(outputs)
 
     try:
         return await asyncio.gather(*(one(r, r.request_id in ("long", "resent")) for r in reqs))
@@ -74,9 +79,8 @@ async def _solo(folder, reqs: list) -> list[tuple[list[int], list[float]]]:
     try:
         outs = []
         for req in reqs:
-            toks, chunks = await collect(engine, req)
-            outs.append((toks, [lp for c in chunks for lp in (*c.logprobs, *(
-                c.prompt_logprobs.logprobs if c.prompt_logprobs else ()))]))
+            _, chunks = await collect(engine, req)
+            outs.append(_flat(chunks))
         return outs
     finally:
         engine.stop()
