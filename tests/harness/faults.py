@@ -218,6 +218,21 @@ async def _forever(stop: asyncio.Event, record: Hostile, attempt: Callable[[], A
             record.seconds.append(time.monotonic() - began)
 
 
+async def _template_workers_ready(address: str) -> None:
+    """Waits until a harmless request template renders. A render sent before the template workers' first start
+    is timed from that start, and a preprocessor splice up has just restarted starts its workers niced: on a loaded
+    machine that can take longer than the scenario runs, and the hostile templates would go unanswered in it."""
+    while True:
+        try:
+            async with AsyncSpliceClient(address, timeout=120) as client:
+                _ = [c async for c in client.chat(HI, chat_template="{% for m in messages %}{{ m['content'] }}"
+                                                  "{% endfor %}", max_tokens=1)]
+            return
+        except SpliceClientError as exc:
+            if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED:  # (busy workers say "try again")
+                raise
+
+
 async def _template(address: str) -> str:
     try:
         async with AsyncSpliceClient(address, timeout=30) as client:
@@ -289,6 +304,7 @@ async def hostile(up: Up, workers: int, seconds: float) -> Outcome:
     out = Outcome("hostile traffic beside normal traffic")
     async with AsyncSpliceClient(up.address, timeout=30) as client:
         hidden = (await client.model_info()).hidden_size
+    await _template_workers_ready(up.address)
     clean = await soak(up.address, workers, seconds, seed=1)
     stop = asyncio.Event()
     template, generate, upload, oversized = ("request template (runs for hours)", "silent Generate declaring 1 GiB",
