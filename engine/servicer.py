@@ -127,13 +127,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return self.engine
 
     @contextmanager
-    def _counted(self, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        """One Generate / GenerateWhole call in flight: counted in the load report, which ends it in its trailers."""
+    def _counted(self, context: grpc.aio.ServicerContext | None) -> Iterator[None]:
+        """One Generate / GenerateWhole call in flight: counted in the load report, which ends it in its trailers
+        (`context`; None: a Multiplex call, whose stream has no trailers of its own)."""
         self._in_flight += 1
         try:
             yield
         finally:
-            context.set_trailing_metadata(((TRAILER, self._load_report()),))
+            if context is not None:
+                context.set_trailing_metadata(((TRAILER, self._load_report()),))
             self._in_flight -= 1
             self._rate.finished()
 
@@ -173,14 +175,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def _multiplexed(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
                            ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        self._in_flight += 1
-        try:
+        with self._counted(None):
             async with aclosing(self._whole(engine, request)) as outputs:
                 async for pb in outputs:
                     yield pb
-        finally:
-            self._in_flight -= 1
-            self._rate.finished()
 
     async def _whole(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
                      ) -> AsyncIterator[engine_pb2.GenerateResponse]:

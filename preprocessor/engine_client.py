@@ -88,13 +88,15 @@ class EngineClient:
         header = encode_header(request)
         whole = encode_whole(request, header)
         if whole is not None and self._multiplexed is not None:  # one stream for many calls, one message a step
+            answered = False
             try:
                 async with aclosing(self._multiplexed.generate(whole)) as batches:
                     async for out in _outputs(batches, request.sampling.n):
+                        answered = True
                         yield out
                 return
             except EngineError as exc:  # an engine older than Multiplex: one call per request from now on
-                if exc.code != "UNIMPLEMENTED":
+                if exc.code != "UNIMPLEMENTED" or answered:  # (never sent twice)
                     raise
                 log.warning("the engine at %s has no Multiplex method (an older version): one call per request",
                             self.target)
