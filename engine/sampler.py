@@ -1,4 +1,5 @@
-"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator.
+"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator; and
+`Sampler`, which keeps each sequence's sampling state on its record and runs a step's sampling in vLLM's order.
 
 `logits` come in already through engine/logits_controls.py (penalties and masks), which greedy rows follow too;
 min-p, top-k and top-p shape only the sampled rows' distribution (after temperature, in vLLM's order). A row's draw
@@ -14,6 +15,10 @@ import random
 
 import torch
 
+from engine.grammar_masks import GrammarMasks
+from engine.logits_controls import LogitsControls
+from engine.sequence import Sequence
+from splice.engine_request import EngineRequest
 from splice.sampling import SamplingParams
 
 Top = tuple[tuple[int, ...], tuple[float, ...]]  # a row's most likely tokens and their logprobs, most likely first
@@ -92,3 +97,43 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 listed = torch.tensor(p.logprob_token_ids, device=every.device)
                 tops[r] = (p.logprob_token_ids, tuple(every[r, listed].tolist()))
     return chosen.tolist(), logprobs, tops
+
+
+class Sampler:
+    """One step's sampling over its rows: the grammars' masks first (vLLM's order: the penalties and the logprobs see
+    the masked distribution), then the penalties and masks (engine/logits_controls.py), then `sample`, each row with
+    its own generator; the chosen tokens then go into the controls and the grammars. A sequence's state is made when
+    its prompt is in (`start`) and lives on its record. Engine thread only."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.controls = LogitsControls(device)  # penalties and masks: per-sequence rows, batched apply
+        self.masks = GrammarMasks()  # structured outputs: the constrained rows' batched mask
+
+    def start(self, seqs: list[Sequence], req: EngineRequest) -> None:
+        """`seqs` (a request's choices) decode from now on the prompt of `req`: each gets its generator, its controls
+        and its grammar's matcher."""
+        if any(s.sampling.repetition_penalty != 1.0 for s in seqs) and req.embed_spans:  # supplied rows are no tokens
+            covered = {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
+            prompt_ids = [t for i, t in enumerate(req.token_ids) if i not in covered]
+        else:
+            prompt_ids = req.token_ids
+        for seq in seqs:
+            seq.generator = make_generator(seq.sampling.seed, self.device)
+            self.controls.start(seq, prompt_ids)
+            if seq.grammar is not None:  # each choice follows the grammar with its own matcher
+                self.masks.start(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.controls.release(seq)
+        seq.generator = seq.matcher = None
+
+    def __call__(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float | None],
+                                                                          list[Top | None], set[int]]:
+        """logits [rows, vocab] (row i is seqs[i]'s) -> each row's token, logprob and top logprobs, and the rows whose
+        grammar is complete."""
+        logits = self.masks.apply(logits, seqs)  # `logits` itself when no row has a grammar
+        controlled = self.controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
+        tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs], [s.generator for s in seqs], raw=logits)
+        self.controls.record(seqs, tokens)
+        return tokens, logprobs, tops, self.masks.advance(seqs, tokens)

@@ -14,8 +14,8 @@ position_dims (1, or 3 for M-RoPE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -27,6 +27,9 @@ from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.request_rules import check_finite, check_float_dtype
 
+if TYPE_CHECKING:
+    from engine.prefix_cache import PrefixKeys
+
 
 @dataclass
 class Prompt:
@@ -37,11 +40,10 @@ class Prompt:
     image_mask: torch.Tensor  # [P] bool; positions holding image features
     span_mask: torch.Tensor  # [P] bool; positions holding supplied prompt_embeds rows
     positions: torch.Tensor  # [D, P] long position ids
-    # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not);
-    # the scores of the forwards so far wait in `logprob_pieces` (engine/prompt_logprobs.py)
+    # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not;
+    # engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
-    logprob_pieces: list = field(default_factory=list)
-    prefix_keys: Any = None  # engine/prefix_cache.py PrefixKeys of its whole blocks; None = not cached
+    prefix_keys: PrefixKeys | None = None  # its whole blocks' keys in the prefix cache; None = not cached
 
     @property
     def next_position(self) -> int:

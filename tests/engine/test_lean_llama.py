@@ -21,12 +21,12 @@ from transformers import DynamicCache
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner, PromptPart
 from engine.models.lean_llama import unsupported
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition
 from tests.engine.engine_factories import collect, random_ids, start_engine, text_request
 from tests.engine.family_cases import CASES
+from tests.engine.runner_rows import Part, Rows
 
 LEAN = ("tiny-text", "tiny-llava", "tiny-idefics3", "tiny-llava-onevision")
 
@@ -55,17 +55,17 @@ def _steps(family, case, model_dir, monkeypatch) -> list[torch.Tensor]:
         long = family.prompt(EngineRequest("img", ids, [], [NamedTensor(k, v) for k, v in tensors.items()]))
     else:
         long = family.prompt(EngineRequest("long", random_ids(40, seed=8)))
-    runner = ModelRunner(family)
+    runner = Rows(family)
 
     def tokens() -> list[int]:  # fixed inputs: the comparison is of logits, not of what they pick
         return [40 + k for k in range(len(runner.seq_ids))]
 
     out = [runner.prefill([0, 1], prompts[:2])]  # left-padded: the rows start at different columns
-    out += runner.mixed(tokens(), [PromptPart(2, prompts[2], 0, 9), PromptPart(3, prompts[3], 0, 21)])
+    out += runner.mixed(tokens(), [Part(2, prompts[2], 0, 9), Part(3, prompts[3], 0, 21)])
     runner.remove({1})  # the last row moves into the leaving one's slot
     n = len(long.token_ids)
     for start, end in ((0, 5), (5, n)):  # a long prompt in two packed parts
-        out += runner.mixed(tokens(), [PromptPart(4, long if start == 0 else None, start, end)])
+        out += runner.mixed(tokens(), [Part(4, long if start == 0 else None, start, end)])
     out.append(runner.prefill([5], [long]))  # alone, chunk by chunk
     for _ in range(4):  # the rows end at different columns
         out.append(runner.decode(tokens()))
@@ -89,7 +89,7 @@ def test_lean_logits_equal_hf_llama_model_on_its_own_cache(tiny_dirs):
     with torch.inference_mode():
         cache = DynamicCache()
         want = [model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]]
-        runner = ModelRunner(family)
+        runner = Rows(family)
         got = [runner.prefill([0], [family.prompt(EngineRequest("r", ids[0].tolist()))])]
         for _ in range(5):
             token = int(want[-1].argmax(-1))

@@ -165,11 +165,14 @@ def test_released_rows_are_reused_clean():
     controls.start(first, [1, 2])
     controls.apply(_logits(1, 0), [first])
     controls.record([first], [5])
-    controls.release(first.seq_id)
+    row = first.controls.penalty
+    controls.release(first)
+    assert first.controls is None
     second = Sequence("b", 2, SamplingParams(frequency_penalty=1.0), 512)
     controls.start(second, [1, 2])
     x = _logits(1, 1)
     torch.testing.assert_close(controls.apply(x, [second]), x)  # nothing generated yet: nothing to subtract
+    assert second.controls.penalty == row
 
 
 def test_a_row_whose_every_token_is_banned_keeps_its_logits():

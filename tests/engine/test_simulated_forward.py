@@ -149,7 +149,7 @@ async def test_an_abort_mid_stream_frees_the_row(sim_engine):
     assert engine.num_running == 1
     await gen.aclose()
     await asyncio.wait_for(_idle(engine), 30)
-    assert len(got) == 3 and not engine._seqs
+    assert len(got) == 3 and not engine.requests
 
 
 async def test_pictures_go_through_the_families_geometry_with_zero_features(tiny_dirs):
