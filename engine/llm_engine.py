@@ -13,12 +13,14 @@ its record (engine/sequence.py), released in one place (`_release`); docs/engine
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 
 import torch
+from transformers import AutoTokenizer
 
 from engine import fork
 from engine.config import EngineConfig
@@ -26,7 +28,7 @@ from engine.loader import LoadedModel, load
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, RunnerOutput, batch_capacity
 from engine.outbox import Listener, Outbox
-from engine.prefix_cache import for_engine, request_keys
+from engine.prefix_cache import PrefixKeys, for_engine, request_keys
 from engine.prompt_logprobs import PromptScores
 from engine.sampler import Sampler, Top
 from engine.scheduler import Scheduler, SchedulerOutput, StepOutput, mixed_prefill_default
@@ -47,6 +49,7 @@ INLINE_VALIDATE_TOKENS = 4096
 
 log = logging.getLogger(__name__)
 DEFAULT_BATCH_TOKENS = 8192
+NORMAL_ENDS = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 class Cancelled(SpliceError):
@@ -141,13 +144,14 @@ class LLMEngine:
 
     # --- async API -------------------------------------------------------------------------------
 
-    def _check(self, req: EngineRequest) -> None:
+    def _check(self, req: EngineRequest) -> PrefixKeys | None:
         """Validation, then the encoder cache's and the prefix cache's content keys (hashing every pixel byte, like
-        the finite checks beside it, not on the engine loop)."""
+        the finite checks beside it, not on the engine loop) -> the prefix cache's (None: no cache)."""
         validate_request(req, self.m.info, self.m.family.images)
         req.image_keys = self.m.family.image_keys(req)
         if self.prefix is not None:
-            req.prefix_keys = request_keys(req, self.m.family, self.m.info.fingerprint, self.prefix.block_size)
+            return request_keys(req, self.m.family, self.m.info.fingerprint, self.prefix.block_size)
+        return None
 
     def _cached(self, seq: Sequence) -> int:
         """Prompt positions of a waiting `seq` the prefix cache holds now; none for a request that asks for prompt
@@ -163,19 +167,19 @@ class LLMEngine:
         self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
-        await inline_or_thread(inline, self._check, req)
+        keys = await inline_or_thread(inline, self._check, req)
         # a structured output's grammar compiles in its own thread (once per distinct spec): this request waits,
         # the running ones keep decoding
         grammar = await self._grammar_cache().get(req.sampling.structured) if req.sampling.structured else None
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
-                       self.m.info.eos_token_ids, request=req, arrival=arrival, prefix_keys=req.prefix_keys,
+                       self.m.info.eos_token_ids, request=req, arrival=arrival, prefix_keys=keys,
                        grammar=grammar)
         if req.sampling.prompt_logprobs is not None:
             seq.prompt_scores = PromptScores(req.token_ids)
         seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)
-        listeners = [Listener(asyncio.get_running_loop(), self.cfg.stream_interval) for _ in seqs]
-        for s, listener in zip(seqs, listeners, strict=True):
-            s.listener = listener
+        for s in seqs:
+            s.listener = Listener(asyncio.get_running_loop(), self.cfg.stream_interval)
+        listeners = [s.listener for s in seqs]
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
             self.requests[seq.seq_id] = seq
@@ -204,12 +208,10 @@ class LLMEngine:
                     s.listener = None
 
     def _grammar_cache(self) -> GrammarCache:
-        if self._grammars is None:
-            def tokenizer():
-                from transformers import AutoTokenizer
-                return AutoTokenizer.from_pretrained(self.cfg.model)
-            self._grammars = GrammarCache(tokenizer, self._logits_width or self.m.info.vocab_rows,
-                                          self.m.info.eos_token_ids, self.cfg.structured_compile_timeout)
+        if self._grammars is None:  # (its tokenizer is loaded by its compile thread, at the first compile)
+            self._grammars = GrammarCache(functools.partial(AutoTokenizer.from_pretrained, self.cfg.model),
+                                          self._logits_width or self.m.info.vocab_rows, self.m.info.eos_token_ids,
+                                          self.cfg.structured_compile_timeout)
         return self._grammars
 
     def _answer_resets(self) -> None:
@@ -279,14 +281,13 @@ class LLMEngine:
             self._fail_running(exc)
             return True
         done = self._ran([s for s, _ in parts], ran)
-        step, tops = self._sample(rows, done, ran.logits)
+        if ran.logits is not None:
+            self._logits_width = ran.logits.shape[-1]
+        step, tops = self.sampler.step(rows, done, ran.logits)
         with self._lock:
             ended = self.scheduler.update(out, step)
             self._hand_off(step, tops)
-        # before the hand-off: a caller who sends its next turn on reading this one's end finds its blocks, and
-        # the engine has forgotten it
-        self._keep_generated(ended)
-        self._release(ended)
+        self._release(ended)  # before the hand-off: a caller sending its next turn on reading the end finds its blocks
         if not self._overlap:  # (on a device, once the next forward is launched: above)
             self._flush()
         self._record(rows, [s for _, s in done], start)
@@ -341,9 +342,8 @@ class LLMEngine:
             seqs[i].prompt_scores.add(piece)
         for i, slot in ran.slots.items():
             seqs[i].slot = slot
-        for i, slots in ran.copies.items():
-            for child, slot in zip(seqs[i].forks, slots, strict=True):
-                child.slot = slot
+            for child, copy in zip(seqs[i].forks, ran.copies.get(i, ()), strict=False):  # (none: copies failed)
+                child.slot = copy
         for i, exc in ran.failed.items():
             log.error("request %s: prefill failed", seqs[i].request_id, exc_info=exc)
             self._fail([seqs[i]], exc)
@@ -368,22 +368,6 @@ class LLMEngine:
             self.stats.prefix_cache(0, 0, self.prefix.blocks)
         return done
 
-    def _sample(self, rows: list[Sequence], done: list[tuple[int, Sequence]],
-                logits: torch.Tensor | None) -> tuple[StepOutput, list[Top | None]]:
-        """One sampling for the step: the decoding rows, then each completed prompt and its other choices, which take
-        their first token from its logits row, each with its own generator."""
-        seqs, index = list(rows), list(range(len(rows)))
-        for row, seq in done:
-            seqs += [seq, *seq.forks]
-            index += [len(rows) + row] * (1 + len(seq.forks))
-        if not seqs:
-            return StepOutput([], [], [], [], set()), []
-        if index != list(range(logits.shape[0])):  # choices, or rows of failed prompts
-            logits = logits[torch.tensor(index, device=logits.device)]
-        self._logits_width = logits.shape[-1]
-        tokens, logprobs, tops, stops = self.sampler(seqs, logits)
-        return StepOutput([s for _, s in done], seqs, tokens, logprobs, stops), tops
-
     def _hand_off(self, step: StepOutput, tops: list[Top | None]) -> None:
         """Lock held. Every sampled row's output is collected for its caller (the ends with their usage, the first
         token with the prompt's logprobs); `_flush` hands them over."""
@@ -396,17 +380,6 @@ class LLMEngine:
                                          prompt_logprobs=scores.result if scores is not None else None,
                                          index=seq.index))
         self.stats.generated(len(step.rows))  # one counter update per step, not per token
-
-    def _keep_generated(self, ended: list[Sequence]) -> None:
-        """The generated tokens of sequences that ended normally go into the prefix cache (all but the last: its
-        keys were never computed), for a multi-turn chat's next prompt, which re-sends them."""
-        if self.prefix is None or not ended:
-            return
-        for seq in ended:
-            if (keys := seq.prefix_keys) is not None and seq.slot is not None:
-                more = keys.extend(seq.output_ids[:-1], self.prefix.block_size)
-                self.runner.keep_generated(seq.slot, more, len(keys.keys))
-        self.stats.prefix_cache(0, 0, self.prefix.blocks)  # (a caller reading the end finds the gauge counting them)
 
     def _record(self, rows: list[Sequence], done: list[Sequence], start: float) -> None:
         """The step's metrics: its decoded rows, and the prompts it completed (their time to first token)."""
@@ -432,7 +405,9 @@ class LLMEngine:
 
     def _release(self, seqs: list[Sequence]) -> None:
         """Lock not held. The one place finished sequences leave: an error or an abort ends the stream with an
-        exception, the record is forgotten, its sampling state and its row go (the rows that move are told)."""
+        exception; the record is forgotten and its sampling state goes; after a normal end (stop, length) its generated
+        tokens' whole blocks go into the prefix cache (all but the last token, never fed: a multi-turn chat's next
+        prompt re-sends them); then its row goes (the rows that move are told)."""
         with self._lock:
             gone = [s for s in seqs if self.requests.pop(s.seq_id, None) is not None]  # (counted once)
             for seq in gone:
@@ -443,8 +418,14 @@ class LLMEngine:
                 self.stats.finished(seq.finish_reason.value if seq.finish_reason else "error")
         if not gone:
             return
+        kept = False
         for seq in gone:
             self.sampler.release(seq)
+            if seq.prefix_keys is not None and seq.slot is not None and seq.finish_reason in NORMAL_ENDS:
+                self.runner.keep_generated(seq.slot, seq.prefix_keys, seq.output_ids[:-1])
+                kept = True
+        if kept:  # (a caller reading the end finds the gauge counting them)
+            self.stats.prefix_cache(0, 0, self.prefix.blocks)
         slots = [s.slot for s in gone if s.slot is not None]
         if slots and self.runner.batch is not None:
             moved = self.runner.remove(slots)

@@ -1,64 +1,40 @@
 """Runs one step's plan: every running row decodes one position and this step's prompt parts are prefilled; returns
-the logits to sample. Everything model-specific is the family's (engine/models/).
+the logits to sample. Everything model-specific is the family's (engine/models/); the forwards are engine/forwards.py.
 
 The running batch keeps each sequence's keys and values in a slot of preallocated per-layer buffers
 (engine/models/slot_cache.py): a prefill writes its new rows into the slots after the rows in use, a decode step writes
-one column per row where that row ends, and a leaving row's slot is filled by the last row. So nothing moves when
-rows join or leave, except that one row. The runner knows slots, never sequences: the engine keeps each sequence's
-slot on its record (engine/sequence.py) from what `execute` and `remove` say. The family says what a position id is,
-which masks each layer type gets, what extra inputs the forward takes, and how its non-attention states join and
-leave.
+one column per row where that row ends, and a leaving row's slot is filled by the last row, so nothing else moves. The
+runner knows slots, never sequences: the engine keeps each sequence's slot on its record (engine/sequence.py) from what
+`execute` and `remove` say.
 
 `execute` is the one entry. Where the family packs a mixed step (`packs_mixed_steps`) the rows' decode tokens and the
-prompt positions are one forward (`_packed`): one row of tokens, so the linears, norms and MLPs run once per step;
-attention is split per sequence (engine/models/attention.py), so each row and each prompt gets what its own forward
-would. Otherwise, and when a packed forward fails (so that a prompt that makes it fail fails alone), the family's
+prompt positions are one forward (`_packed`): the linears, norms and MLPs run once per step, attention is split per
+sequence. Otherwise, and when a packed forward fails (so that a prompt that makes it fail fails alone), the family's
 fallback runs: the decode forward, then the prompts (`_prefill`): whole prompts together left-padded (a group that
 fails goes again one by one), a prompt longer than PREFILL_CHUNK chunk by chunk, and the part of a prompt prefilled
-over several steps (or started from a cached prefix) alone. Rows of completed prompts join the batch in one place
-(`_join`), with the copies of an n > 1 request's row.
-
-A prompt part that starts past 0 at its first step begins with a prefix found in the prefix cache
-(engine/prefix_cache.py): its blocks are copied into the slot after the rows in use (`_place`) and it continues like a
-long prompt. Every prompt completed leaves its whole blocks in the prefix cache (`_join`).
-
-A prompt that asks for prompt logprobs is scored (engine/prompt_logprobs.py) in each forward that prefills it; every
-other prompt's logits are its last position's only.
+over several steps (or started from a cached prefix, `_place`) alone. Rows of completed prompts join the batch in one
+place (`_join`), with the copies of an n > 1 request's row, and leave their whole blocks in the prefix cache
+(engine/prefix_cache.py). A prompt that asks for prompt logprobs is scored (engine/prompt_logprobs.py) in each forward
+that prefills it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from engine import forwards as fw
 from engine import prompt_logprobs as plp
-from engine.models import ModelFamily, Prompt, StepInputs
-from engine.models.attention import PACKED
-from engine.models.slot_cache import Segment, SlotKV
-from engine.prefix_cache import PrefixCache
+from engine.forwards import Batch
+from engine.models import ModelFamily, Prompt
+from engine.models.slot_cache import SlotKV
+from engine.prefix_cache import PrefixCache, PrefixKeys
 
 log = logging.getLogger(__name__)
-
-PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
-NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
-
-
-def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-    if n == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = n
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-@dataclass
-class Batch:
-    cache: Any  # the family's cache over the slots in use
-    kv: SlotKV  # the slot table and key/value buffers
-    positions: torch.Tensor  # [slots] long; position id of each slot's next token
 
 
 @dataclass
@@ -136,7 +112,7 @@ class ModelRunner:
                     log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(tokens),
                                   len(parts))
             out = RunnerOutput()
-            logits = [self._decode(tokens)] if tokens else []  # the rows first: the prompts join after them
+            logits = [fw.decode(self.family, self.batch, tokens)] if tokens else []  # the rows first, the prompts after
             logits += self._prefill(parts, out)
             out.logits = (logits[0] if len(logits) == 1 else torch.cat(logits)) if logits else None
             return out
@@ -144,83 +120,33 @@ class ModelRunner:
             if hits:
                 self.prefix.pinned = set()
 
-    # --- the forwards ----------------------------------------------------------------------------
-
-    def _hidden(self, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        """embeds [rows, q, hidden], positions [D, rows, q] -> the last layer's hidden states [rows, q, hidden]."""
-        f = self.family
-        out = f.backbone(
-            inputs_embeds=embeds,
-            attention_mask=f.attention_mask(step),
-            position_ids=positions[0] if f.position_dims == 1 else positions,
-            cache=cache,
-            use_cache=True,
-            **f.forward_kwargs(step, embeds),
-        )
-        return out.last_hidden_state
-
-    def _score(self, out: RunnerOutput, part: int, prompt: Prompt, hidden: torch.Tensor, start: int) -> None:
-        """The prompt logprobs of positions [start, start + q) of a prompt that asks (hidden [q, hidden])."""
-        if prompt.prompt_logprobs is not None and (piece := plp.score(self.family, prompt, hidden, start)):
-            out.scores.append((part, piece))
-
-    def _decode(self, tokens: list[int]) -> torch.Tensor:
-        """tokens: the last token of every row, in slot order -> logits [rows, vocab] in that order."""
-        b, f = self.batch, self.family
-        ids = torch.tensor(tokens, dtype=torch.long, device=f.device)[:, None]  # [rows, 1]
-        embeds = f.lookup(ids)  # [rows, 1, hidden]
-        mask = b.kv.key_mask(1).to(f.device)  # [rows, T + 1]
-        positions = b.positions[None, :, None].expand(f.position_dims, -1, 1)  # [D, rows, 1]
-        b.kv.plan_decode()
-        logits = f.logits(self._hidden(embeds, StepInputs(ids, mask, None, None), positions, b.cache)[:, -1])
-        b.kv.advance()
-        b.kv.refresh()
-        b.positions = b.positions + 1
-        return logits
+    def _score(self, out: RunnerOutput, part: int, prompt: Prompt) -> Callable[[torch.Tensor, int], None]:
+        """What scores the prompt logprobs of a prompt that asks: hidden [q, hidden] of positions [start, start + q)."""
+        def score(hidden: torch.Tensor, start: int) -> None:
+            if prompt.prompt_logprobs is not None and (piece := plp.score(self.family, prompt, hidden, start)):
+                out.scores.append((part, piece))
+        return score
 
     def _packed(self, tokens: list[int], parts: list[PromptPart]) -> RunnerOutput:
-        """One forward: a decode step of every row and the prompt positions of `parts`, each in a slot after the rows
-        in use (in part order) -> logits of the rows, then of the completed prompts.
-        Those join the batch and decode from the next step. On an exception nothing is recorded (every write went
-        past the rows' ends or into slots not in use), so the batch can still decode."""
+        """The step as one forward (engine/forwards.py `packed`), each part in a slot after the rows in use (in part
+        order) -> logits of the rows, then of the completed prompts, whose rows join the batch."""
         b, f = self.batch, self.family
-        kv = b.kv
-        rows = kv.rows
-        pieces = [(i, p.prompt, rows + i, p.start, self._place(p, rows + i)) for i, p in enumerate(parts)]
-        ids = torch.tensor(tokens, dtype=torch.long, device=f.device)
-        embeds = torch.cat([f.lookup(ids), *(p.embeds[s:e] for _, p, _, s, e in pieces)])[None]  # [1, N, hidden]
-        positions = torch.cat([b.positions[None].expand(f.position_dims, -1),
-                               *(p.positions[:, s:e] for _, p, _, s, e in pieces)], 1)[:, None]  # [D, 1, N]
-        kv.plan_packed([Segment(slot, s, e - s) for _, _, slot, s, e in pieces], f.device,
-                       reserve=max(len(p.token_ids) for _, p, *_ in pieces) + 1)  # grow once: prompt + first decode
-        try:
-            hidden = f.backbone(
-                inputs_embeds=embeds,
-                # any 4-D mask makes transformers build none; the real ones (one per part) ride in the plan
-                attention_mask=NO_MASK,
-                position_ids=positions[0] if f.position_dims == 1 else positions,
-                cache=b.cache,
-                use_cache=True,
-                **{PACKED: kv.plan.packed},
-            ).last_hidden_state[0]  # [N, hidden]
-        finally:
-            kv.refresh()
+        rows = b.kv.rows
+        pieces = [(p.prompt, rows + i, p.start, self._place(p, rows + i)) for i, p in enumerate(parts)]
+        hidden = fw.packed(f, b, tokens, pieces)  # [N, hidden]
         out = RunnerOutput(packed=True)
-        complete = [k for k, (_, p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
+        complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
         lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token
         at = rows
-        for i, p, _, s, e in pieces:  # the prompts that asked for prompt logprobs score their positions here
-            self._score(out, i, p, hidden[at:at + e - s], s)
+        for i, (p, _, s, e) in enumerate(pieces):  # the prompts that asked for prompt logprobs score their positions
+            self._score(out, i, p)(hidden[at:at + e - s], s)
             at += e - s
         out.logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
-        kv.advance()
-        b.positions = b.positions + 1
         if complete:
-            self._join(kv, b.cache, [parts[k] for k in complete], complete, [0] * len(complete),
-                       [pieces[k][4] for k in complete], out)
+            self._join(b.kv, b.cache, [parts[k] for k in complete], complete, [0] * len(complete),
+                       [pieces[k][3] for k in complete], out)
         else:  # the one part of a prompt prefilled over several steps
             out.slots[0] = rows
-        kv.refresh()
         return out
 
     def _prefill(self, parts: list[PromptPart], out: RunnerOutput) -> list[torch.Tensor]:
@@ -260,20 +186,22 @@ class ModelRunner:
         f, b = self.family, self.batch
         kv = b.kv if b is not None else SlotKV(self.capacity)
         cache = f.cache.for_prefill(kv, b.cache if b is not None else None)
-        long = [i for i in group if len(parts[i].prompt.token_ids) > PREFILL_CHUNK and f.chunkable(parts[i].prompt)]
+        long = [i for i in group if len(parts[i].prompt.token_ids) > fw.PREFILL_CHUNK and f.chunkable(parts[i].prompt)]
         padded = [i for i in group if i not in long]
         slot = kv.rows
         logits, starts, ends = [], [], []
         try:
             if padded:
-                rows, pads = self._prefill_padded(padded, parts, kv, cache, slot, out)
-                logits.append(rows)
+                hidden, pads = fw.padded(f, [parts[i].prompt for i in padded], kv, cache, slot)  # [n, L, hidden]
+                for i, h, n in zip(padded, hidden, pads, strict=True):
+                    self._score(out, i, parts[i].prompt)(h[n:], 0)
+                logits.append(f.logits(hidden[:, -1]))
                 starts += pads
                 ends += [len(parts[padded[0]].prompt.token_ids) + pads[0]] * len(padded)
             for k, i in enumerate(long):
                 prompt = parts[i].prompt
-                logits.append(self._prefill_span(i, prompt, kv, cache, slot + len(padded) + k, 0, len(prompt.token_ids),
-                                                 out))
+                logits.append(fw.chunked(f, prompt, kv, cache, slot + len(padded) + k, 0, len(prompt.token_ids),
+                                         self._score(out, i, prompt)))
                 starts.append(0)
                 ends.append(len(prompt.token_ids))
         finally:
@@ -282,44 +210,6 @@ class ModelRunner:
         self._join(kv, cache, [parts[i] for i in joined], joined, starts, ends, out)
         return logits[0] if len(logits) == 1 else torch.cat(logits)
 
-    def _prefill_padded(self, group: list[int], parts: list[PromptPart], kv: SlotKV, cache: Any, slot: int,
-                        out: RunnerOutput) -> tuple[torch.Tensor, list[int]]:
-        """One forward of whole prompts left-padded to the longest, into slots from `slot` -> (logits, pads)."""
-        dev = self.family.device
-        prompts = [parts[i].prompt for i in group]
-        longest = max(len(p.token_ids) for p in prompts)
-        pads = [longest - len(p.token_ids) for p in prompts]
-
-        def stack(name: str, dim: int = 0) -> torch.Tensor:
-            return torch.stack([left_pad(getattr(p, name), n, dim) for p, n in zip(prompts, pads, strict=True)], dim)
-
-        lengths = torch.tensor([len(p.token_ids) for p in prompts], device=dev)
-        mask = (torch.arange(longest, device=dev)[None, :] >= (longest - lengths)[:, None]).long()  # [n, L]
-        step = StepInputs(token_ids=stack("token_ids"), mask=mask, image_mask=stack("image_mask"),
-                          span_mask=stack("span_mask"))
-        kv.plan_prefill(len(prompts), longest, first=slot)
-        hidden = self._hidden(stack("embeds"), step, stack("positions", 1), cache)  # [n, L, hidden]
-        for k, (i, n) in enumerate(zip(group, pads, strict=True)):
-            self._score(out, i, prompts[k], hidden[k, n:], 0)
-        return self.family.logits(hidden[:, -1]), pads
-
-    def _prefill_span(self, part: int, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, start: int, end: int,
-                      out: RunnerOutput) -> torch.Tensor:
-        """Prompt positions [start, end) of one prompt in `slot`, PREFILL_CHUNK per forward where the family allows
-        it, each attending to the columns before it -> the last forward's logits [1, vocab]."""
-        logits = None
-        chunk = PREFILL_CHUNK if self.family.chunkable(prompt) else end - start  # (after a prefix-cache hit)
-        for at in range(start, end, chunk):
-            stop = min(at + chunk, end)
-            step = StepInputs(prompt.token_ids[None, at:stop], prompt.token_ids.new_ones(1, stop),
-                              prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
-            kv.plan_prefill(1, stop - at, past=at, first=slot)
-            kv.plan.reserve = len(prompt.token_ids) + 1  # the buffers grow once: the prompt and its first decode
-            hidden = self._hidden(prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
-            self._score(out, part, prompt, hidden[0], at)
-            logits = self.family.logits(hidden[:, -1])
-        return logits
-
     def _prefill_part(self, i: int, part: PromptPart, out: RunnerOutput) -> torch.Tensor | None:
         """A prompt continued (or started from its cached prefix) alone, in the slot after the rows in use: logits
         [1, vocab] once the prompt is complete and its row has joined, else None."""
@@ -327,7 +217,8 @@ class ModelRunner:
         end = self._place(part, slot)
         b = self.batch
         try:
-            logits = self._prefill_span(i, part.prompt, b.kv, b.cache, slot, part.start, end, out)
+            logits = fw.chunked(self.family, part.prompt, b.kv, b.cache, slot, part.start, end,
+                                self._score(out, i, part.prompt))
         finally:
             b.kv.refresh()
         if end < len(part.prompt.token_ids):
@@ -412,14 +303,14 @@ class ModelRunner:
         except Exception:
             log.exception("keeping blocks in the prefix cache failed")
 
-    def keep_generated(self, slot: int, keys: list[bytes], first: int) -> None:
-        """Blocks `first`, first + 1, ... of the row in `slot` (`keys`: theirs, from engine/prefix_cache.py
-        PrefixKeys.extend) into the prefix cache, as far as its columns are written: its generated tokens, which a
-        multi-turn chat's next prompt re-sends."""
+    def keep_generated(self, slot: int, prompt: PrefixKeys, generated: list[int]) -> None:
+        """The whole blocks of `generated` tokens of the row in `slot` after its prompt (of keys `prompt`) into the
+        prefix cache, as far as its columns are written: a multi-turn chat's next prompt re-sends them."""
         b = self.batch
-        if self.prefix is None or b is None or slot >= b.kv.rows or not keys:
+        keys = prompt.extend(generated, self.prefix.block_size) if self.prefix is not None else []
+        if b is None or slot >= b.kv.rows or not keys:
             return
-        size = self.prefix.block_size
+        size, first = self.prefix.block_size, len(prompt.keys)
         start = b.kv.start[slot]
         whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
         if whole > 0:

@@ -17,6 +17,7 @@ import torch
 
 from engine.grammar_masks import GrammarMasks
 from engine.logits_controls import LogitsControls
+from engine.scheduler import StepOutput
 from engine.sequence import Sequence
 from splice.engine_request import EngineRequest
 from splice.sampling import SamplingParams
@@ -128,12 +129,22 @@ class Sampler:
         self.controls.release(seq)
         seq.generator = seq.matcher = None
 
-    def __call__(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float | None],
-                                                                          list[Top | None], set[int]]:
-        """logits [rows, vocab] (row i is seqs[i]'s) -> each row's token, logprob and top logprobs, and the rows whose
-        grammar is complete."""
+    def step(self, rows: list[Sequence], done: list[tuple[int, Sequence]],
+             logits: torch.Tensor | None) -> tuple[StepOutput, list[Top | None]]:
+        """A step's logits [rows + completed prompts, vocab] -> a token for each decoding row (logits row i is
+        rows[i]'s) and each prompt in `done` ((its logits row after the rows', it)) and its other choices, which take
+        their first token from its row; with each one's logprob and top logprobs."""
+        seqs, index = list(rows), list(range(len(rows)))
+        for row, seq in done:
+            seqs += [seq, *seq.forks]
+            index += [len(rows) + row] * (1 + len(seq.forks))
+        if not seqs:
+            return StepOutput([], [], [], [], set()), []
+        if index != list(range(logits.shape[0])):  # choices, or rows of failed prompts
+            logits = logits[torch.tensor(index, device=logits.device)]
         logits = self.masks.apply(logits, seqs)  # `logits` itself when no row has a grammar
         controlled = self.controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
         tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs], [s.generator for s in seqs], raw=logits)
         self.controls.record(seqs, tokens)
-        return tokens, logprobs, tops, self.masks.advance(seqs, tokens)
+        stops = self.masks.advance(seqs, tokens)
+        return StepOutput([s for _, s in done], seqs, tokens, logprobs, stops), tops

@@ -7,8 +7,8 @@ masked prefill (left-padded rows, a chunk of a long prompt, Gemma 3's image bloc
 tests/engine/test_attention.py). Everything else is transformers' own function unchanged, and masks for it are
 built by transformers' own SDPA mask function (registered under the same name).
 
-A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/model_runner.py
-`mixed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
+A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/forwards.py
+`packed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
 queries attend their own slots' columns (one batched call, as a decode step does), and each prompt segment attends
 its slot causally (one call each, as a prefill chunk does), so every part computes what its own forward would.
 """

@@ -5,7 +5,8 @@ rows they make (checked before any forward), the image features in placeholder o
 rows, image features and supplied rows, the position ids of a prompt and of a decode step, the attention
 masks per layer type, any extra forward inputs, and how its cache's rows join and leave
 (engine/models/slot_cache.py for key/value layers, hybrid_cache.py for recurrent states beside them).
-The runner (engine/model_runner.py) only batches: it pads, stacks and asks the family.
+The runner (engine/model_runner.py, its forwards in engine/forwards.py) only batches: it pads, stacks and asks the
+family.
 
 Shapes: P = prompt length, rows = sequences in the batch, q = new positions this forward, T = key/value
 columns the forward attends (rows' real columns differ: the [rows, T] mask says which are real), D =
@@ -142,8 +143,8 @@ class ModelFamily:
     name: ClassVar[str] = "causal-lm"
     model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
     position_dims: ClassVar[int] = 1
-    # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/model_runner.py
-    # `mixed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
+    # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/forwards.py
+    # `packed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
     # needs no extra inputs and the cache holds keys and values only. A family overriding any of those says False.
     packs_mixed_steps: ClassVar[bool] = True
     # image positions attend each other both ways at prefill: a prefix-cache hit must not end inside a run of them

@@ -1,4 +1,4 @@
-"""Long prompts prefilled chunk by chunk (engine/model_runner.py, PREFILL_CHUNK lowered so that tiny prompts span
+"""Long prompts prefilled chunk by chunk (engine/forwards.py, PREFILL_CHUNK lowered so that tiny prompts span
 several chunks): every family whose prefill may be chunked gives HF's own logits and greedy tokens, and a group
 mixing chunked and padded prompts gives each its solo logits, in the caller's order."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.model_runner as model_runner
+import engine.forwards as forwards
 from engine.config import EngineConfig
 from engine.loader import load
 from splice.engine_request import EngineRequest
@@ -20,7 +20,7 @@ TEXT = "Tell me a long story about a cat and a dog, and then another one about a
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(model_runner, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(forwards, "PREFILL_CHUNK", CHUNK)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.tiny) for c in CASES])

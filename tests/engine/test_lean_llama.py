@@ -46,9 +46,9 @@ def pair(request, tiny_dirs):
 
 def _steps(family, case, model_dir, monkeypatch) -> list[torch.Tensor]:
     """Every kind of forward the runner makes, in one sequence -> the logits of each."""
-    import engine.model_runner as model_runner
+    import engine.forwards as forwards
 
-    monkeypatch.setattr(model_runner, "PREFILL_CHUNK", 16)  # so the long prompt's prefill is chunked
+    monkeypatch.setattr(forwards, "PREFILL_CHUNK", 16)  # so the long prompt's prefill is chunked
     prompts = [family.prompt(EngineRequest(f"t{k}", random_ids(n, seed=k))) for k, n in enumerate((6, 13, 9, 21))]
     if case.images:
         ids, tensors = case.inputs(model_dir)

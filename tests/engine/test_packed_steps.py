@@ -1,4 +1,4 @@
-"""Mixed steps as one packed forward (engine/model_runner.py `mixed`): the running rows' decode tokens and the prompt
+"""Mixed steps as one packed forward (engine/forwards.py `packed`): the running rows' decode tokens and the prompt
 positions of arrivals in one row of tokens, attention split per sequence. Every row and every prompt (whole ones, and
 a long one in parts across steps; with images where the family takes them) gets exactly its solo greedy tokens, for a
 Llama-style family, Idefics3, and the Qwen2 text stacks (Qwen2-VL's M-RoPE, LLaVA-OneVision); and the engine takes

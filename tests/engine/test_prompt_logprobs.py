@@ -11,7 +11,7 @@ import asyncio
 import pytest
 import torch
 
-import engine.model_runner as model_runner
+import engine.forwards as forwards
 import engine.prompt_logprobs as engine_plp
 from engine.config import EngineConfig
 from engine.loader import load
@@ -88,7 +88,7 @@ async def test_zero_alternatives_and_a_one_token_prompt(engines, tiny_dirs):
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-qwen2-vl"])
 def test_a_prompt_prefilled_in_chunks_with_its_logits_in_chunks_equals_hf(name, tiny_dirs, monkeypatch):
-    monkeypatch.setattr(model_runner, "PREFILL_CHUNK", 7)
+    monkeypatch.setattr(forwards, "PREFILL_CHUNK", 7)
     case = CASE[name]
     family = load(EngineConfig(model=str(tiny_dirs[name]))).family
     # a few positions per chunk of logits: the [positions, vocab] tensor never holds the prompt's

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.forwards import PREFILL_CHUNK
 from engine.llm_engine import LLMEngine
-from engine.model_runner import PREFILL_CHUNK
 from engine.models.idefics3 import Idefics3
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache
