@@ -325,10 +325,9 @@ class LLMEngine:
                     log.exception("request %s: embedding failed", seq.request_id)
                     self._fail([seq], exc)
                     continue
-                seq.prompt.prefix_keys = seq.prefix_keys
                 if seq.prefix_keys is not None:
                     self.stats.prefix_cache(seq.prompt_len, seq.cached, self.prefix.blocks)
-            parts.append((seq, PromptPart(seq.prompt, span.start, span.end, seq.slot, len(seq.forks))))
+            parts.append((seq, PromptPart(seq.prompt, span.start, span.end, seq.slot, len(seq.forks), seq.prefix_keys)))
         if (cache := self.family.encoder_cache) is not None and cache.queries:
             self.stats.encoder_cache(*cache.take_counts(), cache.bytes)
         return rows, parts

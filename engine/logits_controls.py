@@ -15,11 +15,10 @@ Each control acts on a row alone, so a row's result never depends on its neighbo
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 
 import torch
 
-from engine.sequence import Sequence
+from engine.sequence import ControlsRow, Sequence
 
 NEG_INF = float("-inf")
 FACTOR, OFFSET = 0, 1  # the two channels of a penalty row
@@ -66,18 +65,6 @@ class RowTable:
         slots = torch.tensor([r for _, r in found], dtype=torch.long, device=self.data.device) if found else None
         self._members = (key, rows, slots)
         return rows, slots
-
-
-@dataclass
-class ControlsRow:
-    """What the controls keep of one sequence (on its record): its rows in the tables and what they are made of."""
-
-    prompt_ids: list[int]  # its prompt's token IDs, until its penalty row is made
-    prefixed: list[tuple[tuple[int, ...], int]]  # multi-token bad words: (the tokens before, the banned last token)
-    stops: tuple[int, ...]  # banned while fewer than min_tokens are out: EOS and stop_token_ids
-    generated: set[int] = field(default_factory=set)  # tokens out so far (a presence penalty's first time)
-    penalty: int | None = None  # its row of the penalty table, once made
-    bias: int | None = None  # its row of the bias table, once made
 
 
 class LogitsControls:

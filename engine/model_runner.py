@@ -47,6 +47,7 @@ class PromptPart:
     end: int
     slot: int | None = None  # where its columns are after its first part (None: this is its first part)
     copies: int = 0  # rows that start as copies of its row once it is complete: an n > 1 request's other choices
+    keys: PrefixKeys | None = None  # the prefix cache's keys of its whole blocks (None: not cached)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class ModelRunner:
         hits = [p for p in parts if p.slot is None and p.start > 0]
         if hits:  # their cached blocks stay until they are read, whatever other prompts keep first
             size = self.prefix.block_size
-            self.prefix.pinned = {k for p in hits for k in p.prompt.prefix_keys.keys[:p.start // size]}
+            self.prefix.pinned = {k for p in hits for k in p.keys.keys[:p.start // size]}
         try:
             if tokens and parts and self.family.packs_mixed_steps:
                 try:
@@ -243,7 +244,7 @@ class ModelRunner:
             kv = SlotKV(self.capacity)
             nexts = torch.empty(0, dtype=torch.long, device=self.family.device)
             self.batch = Batch(self.family.cache.new(kv), kv, nexts)
-        self.prefix.restore(prompt.prefix_keys.keys[:part.start // self.prefix.block_size], self.batch.kv, slot,
+        self.prefix.restore(part.keys.keys[:part.start // self.prefix.block_size], self.batch.kv, slot,
                             len(prompt.token_ids) + 1)
         return part.end if self.family.chunkable(prompt) else len(prompt.token_ids)
 
@@ -257,8 +258,8 @@ class ModelRunner:
         f, b = self.family, self.batch
         first = kv.rows
         for k, part in enumerate(parts):
-            if self.prefix is not None and part.prompt.prefix_keys is not None:
-                self._keep(part.prompt.prefix_keys.keys, kv, first + k, starts[k])
+            if self.prefix is not None and part.keys is not None:
+                self._keep(part.keys.keys, kv, first + k, starts[k])
         kv.add_rows(starts, ends)
         nexts = torch.tensor([p.prompt.next_position for p in parts], device=f.device)
         if b is None:

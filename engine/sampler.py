@@ -31,7 +31,7 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return g
 
 
-def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def top_k_top_p(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """[vocab] logits with everything outside top-k / top-p set to -inf."""
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
@@ -46,7 +46,7 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+def below_min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     """[rows, vocab] temperature-scaled logits whose row max is 0 -> [rows, vocab] bool: the tokens whose probability
     is below min_p x their row's top probability (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays).
     With the top logit at 0 that ratio is exp(logit), so the test needs no softmax: logit < log(min_p)."""
@@ -69,13 +69,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
         scaled = (rows - rows.amax(-1, keepdim=True)) / temps
         if any(params[r].min_p for r in sampled):
-            scaled = scaled.masked_fill(_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
+            scaled = scaled.masked_fill(below_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
         probs = scaled.softmax(-1)  # [sampled, vocab]
         race = torch.empty_like(probs)  # [sampled, vocab]
         for k, row in enumerate(sampled):
             p = params[row]
             if p.top_k or p.top_p < 1.0:  # top-k / top-p per row, on what min-p left
-                probs[k] = _filter(scaled[k], p).softmax(-1)
+                probs[k] = top_k_top_p(scaled[k], p).softmax(-1)
             race[k].exponential_(generator=generators[row])
         # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1) from the row's generator), for all
         # rows at once: the same tokens as a multinomial per row, without its per-row checks and host syncs

@@ -1,4 +1,5 @@
-"""Iteration-level scheduler: which sequences the next forward runs. Never imports torch.
+"""Iteration-level scheduler: which sequences the next forward runs (`schedule`), and what the step did to them
+(`update`, as vLLM's update_from_output and nano-vllm's postprocess). Never imports torch.
 
 Each step is one decode position for every running sequence plus a prefill of newly admitted ones (their first
 token comes out). Admission happens at every step boundary, so new requests join without waiting for running
@@ -13,8 +14,12 @@ once. Finished and aborted ones leave at the boundary they finish on.
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
 
-A request of n > 1 choices is one sequence until its prompt is in, then n (`fork`): it is admitted only where all n
-fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
+A request of n > 1 choices is one sequence until its prompt is in, then n (`update` starts them): it is admitted only
+where all n fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
+
+After each step `update` records what it gave (a StepOutput, plain values): every sampled row's token (a sequence
+ends on a stop ID, max_tokens, the context, or a complete grammar), each prompt's progress (`Sequence.computed`, the
+one counter of how far a sequence is: a long prompt's next part starts there), and the choices that start.
 """
 
 from __future__ import annotations

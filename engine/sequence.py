@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     import torch
     import xgrammar as xgr
 
-    from engine.logits_controls import ControlsRow
     from engine.models.base import Prompt
     from engine.outbox import Listener
     from engine.prefix_cache import PrefixKeys
@@ -33,6 +32,19 @@ class SeqStatus(enum.Enum):
 
 
 _ids = itertools.count()
+
+
+@dataclass
+class ControlsRow:
+    """What the penalties and masks (engine/logits_controls.py) keep of one sequence: its rows in their tables and
+    what the rows are made of."""
+
+    prompt_ids: list[int]  # its prompt's token IDs, until its penalty row is made
+    prefixed: list[tuple[tuple[int, ...], int]]  # multi-token bad words: (the tokens before, the banned last token)
+    stops: tuple[int, ...]  # banned while fewer than min_tokens are out: EOS and stop_token_ids
+    generated: set[int] = field(default_factory=set)  # tokens out so far (a presence penalty's first time)
+    penalty: int | None = None  # its row of the penalty table, once made
+    bias: int | None = None  # its row of the bias table, once made
 
 
 @dataclass(eq=False)

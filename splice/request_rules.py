@@ -1,6 +1,6 @@
 """The rules every EngineRequest obeys, whoever checks them: the preprocessor while it builds a request
-(naming the caller's parts) and the engine when it re-validates one (DESIGN.md preprocessor step 6,
-engine step 1). Only rules that need no model live here; the engine adds image rows vs its vision family.
+(naming the caller's parts) and the engine when it re-validates one (docs/architecture.md, preprocessor step
+6 and engine step 1). Only rules that need no model live here; the engine adds image rows vs its vision family.
 
 Every failure is InvalidArgument; `where` / `what` name the offending thing for the message.
 """

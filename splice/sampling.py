@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from splice.errors import InvalidArgument
 from splice.structured_output import StructuredOutput
@@ -102,7 +102,6 @@ class SamplingParams:
     # vLLM's cache_salt, 1..MAX_CACHE_SALT characters: the prefix cache reuses a prefix only between requests with
     # the same salt (None = unsalted, shared with other unsalted requests)
     cache_salt: str | None = None
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _pairs(self.logit_bias))

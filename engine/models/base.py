@@ -16,7 +16,7 @@ position_dims (1, or 3 for M-RoPE).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,9 +27,6 @@ from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.request_rules import check_finite, check_float_dtype
-
-if TYPE_CHECKING:
-    from engine.prefix_cache import PrefixKeys
 
 
 @dataclass
@@ -44,7 +41,6 @@ class Prompt:
     # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not;
     # engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
-    prefix_keys: PrefixKeys | None = None  # its whole blocks' keys in the prefix cache; None = not cached
 
     @property
     def next_position(self) -> int:
