@@ -36,7 +36,8 @@ class Rows:
         self.slot: dict[int, int] = {}  # seq id -> its row's slot, or its columns' while its prompt is in parts
         self.pending: dict[int, Prompt] = {}  # prompts being prefilled over several steps
         self.scores: dict[int, PromptScores] = {}  # the prompt logprobs of the prompts that ask
-        self.last: RunnerOutput | None = None
+        self.last: RunnerOutput | None = None  # what the last step's `execute` said
+        self.moved: dict[int, int] = {}  # what the last `remove` said
 
     @property
     def seq_ids(self) -> list[int]:
@@ -106,7 +107,7 @@ class Rows:
         return scores.result if scores is not None else None
 
     def remove(self, seq_ids: set[int]) -> None:
-        moved = self.runner.remove([self.slot[s] for s in seq_ids if s in self.slot])
+        moved = self.moved = self.runner.remove([self.slot[s] for s in seq_ids if s in self.slot])
         for s in seq_ids:
             self.slot.pop(s, None)
             self.pending.pop(s, None)

@@ -225,3 +225,17 @@ def test_n_beyond_the_running_slots_is_refused_naming_n():
     with pytest.raises(InvalidArgument, match=r"n is 5.*--max-running-seqs"):
         s.add(_with_choices(seq(4), 5))
     assert not s.waiting
+
+
+def test_update_ends_rows_on_stop_ids_length_and_complete_grammars_and_returns_them():
+    s = Scheduler(max_running_seqs=4, max_batch_tokens=100, max_queue=10)
+    stop, length, grammar, going = seq(4, "stop"), seq(4, "length", max_tokens=1), seq(4, "grammar"), seq(4, "on")
+    for x in (stop, length, grammar, going):
+        s.add(x)
+    out = s.schedule()
+    rows = [stop, length, grammar, going]
+    ended = s.update(out, StepOutput(rows, rows, [3, 7, 7, 7], [None, -0.5, None, None], {2}))  # 3: the EOS
+    assert ended == [stop, length, grammar] and s.running == [going]
+    assert [x.finish_reason for x in ended] == [FinishReason.STOP, FinishReason.LENGTH, FinishReason.STOP]
+    assert length.logprobs == [-0.5] and going.output_ids == [7] and going.computed == 4
+    assert step(s).decode == [going] and going.computed == 5

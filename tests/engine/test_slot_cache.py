@@ -69,6 +69,24 @@ def test_rows_join_and_leave_in_place_with_their_solo_tokens(family):
         assert tokens == solo[s][:len(tokens)], f"sequence {s}"
 
 
+def test_rows_leaving_together_say_where_the_last_rows_went(family):
+    """The runner knows slots only: `remove` says which rows moved (the engine moves their records' slots), each
+    leaving slot taking the last row still there, and a row that moved keeps its solo tokens."""
+    prompts = [_prompt(family, n, seed) for seed, n in enumerate((5, 9, 4, 7, 6, 8))]
+    solo = _solo(family, prompts[5], 4)
+    runner = Rows(family)
+    first = runner.prefill(list(range(6)), prompts)
+    runner.remove({2, 4})
+    assert runner.moved == {5: 2} and runner.slot_seqs == [0, 1, 5, 3]  # 4 takes 5, then 2 takes it; 3 stays
+    assert runner.runner.remove([7]) == {} and runner.runner.rows == 4  # (past the rows: nothing to drop)
+    tokens = {s: [int(first[s].argmax())] for s in runner.joined}
+    for _ in range(4):
+        step = runner.decode([tokens[s][-1] for s in runner.joined])
+        for s, t in zip(runner.joined, step.argmax(-1).tolist(), strict=True):
+            tokens[s].append(t)
+    assert tokens[5] == solo
+
+
 def _rss_mib() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
