@@ -137,7 +137,6 @@ class ModelFamily:
     """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a slot KV cache."""
 
     name: ClassVar[str] = "causal-lm"
-    model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
     position_dims: ClassVar[int] = 1
     # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/forwards.py
     # `packed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
