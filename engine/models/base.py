@@ -15,6 +15,7 @@ position_dims (1, or 3 for M-RoPE).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,6 +24,7 @@ import torch
 from engine.encoder_cache import EncoderCache, content_key
 from engine.models.attention import use_grouped_sdpa
 from engine.models.lean_llama import LeanDecoder, unsupported
+from engine.models.linear import Linear
 from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -157,6 +159,8 @@ class ModelFamily:
             raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
         self.cache = SlotKVCache()
         self.impl = "transformers"  # what runs the text stack: "splice" (engine/models/lean_llama.py) or HF's modules
+        # hidden -> logits: lm_head itself, or its weight packed for the device's GEMM (engine/models/linear.py)
+        self.head: Callable[[torch.Tensor], torch.Tensor] = self.lm_head
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
         # vision-tower outputs by picture content (engine/encoder_cache.py); None = off. The loader sets it.
@@ -188,6 +192,8 @@ class ModelFamily:
         once, by the loader (the lean forward takes over HF's q/k/v and gate/up weights as views of fused ones)."""
         if impl == "transformers" or self.impl == "splice":
             return self.impl
+        if not tensor_parallel and type(self.lm_head) is torch.nn.Linear:  # (sharded heads gather in module hooks)
+            self.head = Linear(self.lm_head.weight, self.lm_head.bias)
         why = self.lean_unsupported() or unsupported(self.backbone, tensor_parallel)
         if why is None:
             self.backbone = LeanDecoder(self.backbone)
@@ -342,4 +348,4 @@ class ModelFamily:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> float logits [rows, vocab]."""
-        return self.lm_head(hidden).float()
+        return self.head(hidden).float()

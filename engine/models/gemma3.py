@@ -74,7 +74,7 @@ class Gemma3(ModelFamily):
         return not bool(prompt.image_mask.any())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.lm_head(hidden).float()
+        out = self.head(hidden).float()
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out

@@ -127,7 +127,7 @@ class Gemma4(ModelFamily):
         return {"per_layer_inputs": self.backbone.get_per_layer_inputs(ids)}  # [rows, q, layers, per-layer size]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+        logits = self.head(hidden)
         if self.softcap is not None:  # in the model dtype and order, as HF's forward
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()

@@ -102,8 +102,8 @@ def test_lean_logits_equal_hf_llama_model_on_its_own_cache(tiny_dirs):
 def test_fused_weights_are_hf_parameters_views(tiny_dirs):
     family = load(EngineConfig(model=str(tiny_dirs["tiny-text"]))).family
     for layer, hf in zip(family.backbone.layers, family.backbone.hf.layers, strict=True):
-        for fused, parts in ((layer.qkv_w, (hf.self_attn.q_proj, hf.self_attn.k_proj, hf.self_attn.v_proj)),
-                             (layer.gu_w, (hf.mlp.gate_proj, hf.mlp.up_proj))):
+        for fused, parts in ((layer.qkv.weight, (hf.self_attn.q_proj, hf.self_attn.k_proj, hf.self_attn.v_proj)),
+                             (layer.gate_up.weight, (hf.mlp.gate_proj, hf.mlp.up_proj))):
             assert torch.equal(fused, torch.cat([p.weight for p in parts]))
             base = fused.untyped_storage().data_ptr()
             assert all(p.weight.untyped_storage().data_ptr() == base for p in parts)
