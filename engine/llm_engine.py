@@ -38,7 +38,7 @@ from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import SpliceError, Unavailable
-from splice.grammar import GrammarCache
+from splice.grammar_cache import GrammarCache
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
 from splice.sampling import SamplingParams
@@ -211,7 +211,7 @@ class LLMEngine:
         if self._grammars is None:  # (its tokenizer is loaded by its compile thread, at the first compile)
             self._grammars = GrammarCache(functools.partial(AutoTokenizer.from_pretrained, self.cfg.model),
                                           self._logits_width or self.m.info.vocab_rows, self.m.info.eos_token_ids,
-                                          self.cfg.structured_compile_timeout)
+                                          self.cfg.structured_compile_timeout, self.cfg.structured_cache_mb << 20)
         return self._grammars
 
     def _answer_resets(self) -> None:
