@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.encoder_cache import EncoderCache, content_key
+from engine.encoder_cache import EncoderCache, content_key, salted
 from engine.models.attention import use_grouped_sdpa
 from engine.models.lean_llama import LeanDecoder, unsupported
 from engine.models.linear import Linear
@@ -257,17 +257,19 @@ class ModelFamily:
         inputs = req.model_inputs
         if self.encoder_cache is None or not inputs or IMAGE_EMBEDS in inputs:
             return None
-        return [content_key(p) for p in self.image_pieces(inputs)] or None
+        return [salted(content_key(p), req.sampling.cache_salt) for p in self.image_pieces(inputs)] or None
 
-    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None) -> torch.Tensor:
-        """image_features through the encoder cache (`keys`: image_keys, already made): the pieces found are not
-        encoded again, the others (each distinct one once) are encoded together in one call; rows in placeholder
-        order."""
+    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None,
+                              salt: str | None = None) -> torch.Tensor:
+        """image_features through the encoder cache (`keys`: image_keys, already made; else made here with the
+        request's cache `salt`): the pieces found are not encoded again, the others (each distinct one once) are
+        encoded together in one call; rows in placeholder order."""
         cache = self.encoder_cache
         pieces = self.image_pieces(inputs) if cache is not None else []
         if not pieces:  # off, or nothing the tower would encode on its own: leave it to the tower's own rules
             return self.image_features(inputs)
-        keys = keys if keys is not None and len(keys) == len(pieces) else [content_key(p) for p in pieces]
+        if keys is None or len(keys) != len(pieces):
+            keys = [salted(content_key(p), salt) for p in pieces]
         found = {k: rows for k in dict.fromkeys(keys) if (rows := cache.get(k)) is not None}
         missed = [k for k in dict.fromkeys(keys) if k not in found]
         cache.count(len(keys), len(keys) - len(missed))  # a piece repeated within the request is a hit too
@@ -295,7 +297,7 @@ class ModelFamily:
             image_mask = (ids == self.image_token_id) & ~span_mask
             # supplied features (validated against the image tokens) skip the vision tower
             features = (inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs
-                        else self.cached_image_features(inputs, req.image_keys))
+                        else self.cached_image_features(inputs, req.image_keys, req.sampling.cache_salt))
             embeds[image_mask] = features.to(device=self.device, dtype=self.dtype)
         for span in req.embed_spans:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
