@@ -66,7 +66,7 @@ def _where(stack: list[_Frame]) -> str:
 
 
 def _bad(text: str, at: int, what: str) -> InvalidArgument:
-    return InvalidArgument(f"the request body is not valid JSON ({what} at character {at})")
+    return InvalidArgument(f"the request body is not valid JSON ({what.removesuffix(' at')} at character {at})")
 
 
 def _over(field: str, count: int, cap: int, why: str) -> InvalidArgument:
@@ -119,6 +119,8 @@ def parse_body(text: str, caps: Caps) -> Any:
                 value, i = _SCAN(text, i)
             except StopIteration:
                 raise _bad(text, i, "a value was expected") from None
+            except json.JSONDecodeError as exc:  # (a string with a raw control character, an unfinished escape)
+                raise _bad(text, exc.pos, exc.msg) from None
             if type(value) is str and not surrogate_free(value):
                 raise InvalidArgument(f"{_where(stack)} holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
                                       f"not in a pair), which is not text")

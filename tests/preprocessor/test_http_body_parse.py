@@ -46,7 +46,8 @@ def test_it_reads_what_json_loads_reads():
 @pytest.mark.parametrize("text, named", [
     ('{"a": ', "ends early"), ('{"a" 1}', "':' was expected"), ('{"a": 1,}', "property name"),
     ('{"a": [1 2]}', "Expecting ',' delimiter at character 9"), ('{"a": 1} x', "extra data"),
-    ('{"a": nul}', "a value was expected"),
+    ('{"a": nul}', "a value was expected"), ('{"a": "x\x01"}', "Invalid control character at character 8"),
+    ('{"a": "\\u12"}', "Invalid \\\\uXXXX escape"),
     ('{"a": [1, 2}', r"',' or '\]' was expected"),
 ])
 def test_malformed_bodies_are_refused_as_not_json(text, named):
