@@ -31,6 +31,7 @@ from preprocessor.http.schemas import ParsedBody, surrogate_free
 from preprocessor.request_bounds import INLINE_REQUEST_BYTES
 from splice.errors import InvalidArgument
 from splice.json_depth import MAX_JSON_DEPTH
+from splice.offload import gc_paused
 
 # Bodies up to this size are left to FastAPI's json.loads on the loop (a logit_bias entry, the costliest shape to
 # parse, is ~14 bytes and ~1.4 us).
@@ -48,8 +49,8 @@ _scanstring = json.decoder.scanstring
 class _Frame:
     __slots__ = ("cap", "close", "count", "field", "key", "value", "why")
 
-    def __init__(self, value: dict | list, field: str, cap: int, why: str) -> None:
-        self.value, self.field, self.cap, self.why = value, field, cap, why  # field: where it is, for a refusal
+    def __init__(self, value: dict | list, field: str | None, cap: int, why: str) -> None:
+        self.value, self.field, self.cap, self.why = value, field, cap, why  # field: the top-level one it is
         self.close = "}" if isinstance(value, dict) else "]"
         self.key: str | None = None
         self.count = 0
@@ -94,7 +95,7 @@ def parse_body(text: str, caps: Caps) -> Any:
         c = text[i]
         field = stack[0].key if len(stack) == 1 and isinstance(stack[0].value, dict) else None
         if c == "[" and (close := text.find("]", i)) > 0 and _NUMERIC.fullmatch(text, i + 1, close):
-            count = text.count(",", i, close) + (1 if text[i + 1:close].strip() else 0)
+            count = 0 if _WS.match(text, i + 1).end() == close else text.count(",", i, close) + 1
             if count > (cap := caps.of(field))[0]:
                 raise _over(field or _where(stack), count, *cap)
             try:
@@ -106,7 +107,7 @@ def parse_body(text: str, caps: Caps) -> Any:
             if len(stack) >= MAX_BODY_DEPTH:
                 raise InvalidArgument(f"the request body nests more than {MAX_BODY_DEPTH} levels of arrays and "
                                       f"objects (at {_where(stack)})")
-            frame = _Frame({} if c == "{" else [], field or _where(stack), *caps.of(field))
+            frame = _Frame({} if c == "{" else [], field, *caps.of(field))
             i = _WS.match(text, i + 1).end()
             if text.startswith(frame.close, i):
                 value, i = frame.value, i + 1
@@ -136,7 +137,7 @@ def parse_body(text: str, caps: Caps) -> Any:
                 frame.value.append(value)
             frame.count += 1
             if frame.count > frame.cap:
-                raise _over(frame.field, frame.count, frame.cap, frame.why)
+                raise _over(frame.field or _where(stack[:-1]), frame.count, frame.cap, frame.why)
             i = _WS.match(text, i).end()
             if text.startswith(",", i):
                 i = _WS.match(text, i + 1).end()
@@ -170,7 +171,8 @@ def _decode(raw: bytes, caps: Caps) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"the request body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    return parse_body(text, caps)
+    with gc_paused():  # (parsed JSON holds no cycle; full collections over its objects would hold the GIL)
+        return parse_body(text, caps)
 
 
 def _is_json(request: Request) -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 SLICE = 256  # list items encoded per json.dumps call
+CHUNK_BYTES = 1 << 20  # a large body is sent in chunks of about this size
 WALKED_LEVELS = 6  # response -> choices -> choice -> logprobs -> content -> item: deeper values are encoded whole
 
 
@@ -47,12 +48,31 @@ def _pieces(value: Any, level: int, out: list[str]) -> None:
         out.append("]")
 
 
-def json_bytes(value: Any) -> bytes:
-    """`value` as JSONResponse would render it, encoded a piece at a time."""
+def json_chunks(value: Any) -> list[bytes]:
+    """`value` as JSONResponse would render it, encoded a piece at a time, in chunks of about CHUNK_BYTES."""
     out: list[str] = []
     _pieces(value, 0, out)
-    return "".join(out).encode("utf-8")
+    chunks, group, size = [], [], 0
+    for piece in out:
+        group.append(piece)
+        size += len(piece)
+        if size >= CHUNK_BYTES:
+            chunks.append("".join(group).encode("utf-8"))
+            group, size = [], 0
+    if group or not chunks:
+        chunks.append("".join(group).encode("utf-8"))
+    return chunks
+
+
+def json_bytes(value: Any) -> bytes:
+    return b"".join(json_chunks(value))
 
 
 def json_response(value: Any) -> Response:
-    return Response(json_bytes(value), media_type="application/json")
+    """One body, or for a large one its chunks sent one after another (never joined: a join of hundreds of MB, and
+    the socket buffer's copy of it, would hold the loop), with its Content-Length."""
+    chunks = json_chunks(value)
+    if len(chunks) == 1:
+        return Response(chunks[0], media_type="application/json")
+    length = str(sum(len(c) for c in chunks))
+    return StreamingResponse(iter(chunks), media_type="application/json", headers={"content-length": length})

@@ -24,7 +24,7 @@ from preprocessor.http.responses import Collected, Shape, total_usage
 from preprocessor.outputs import GenerationChunk
 from splice.engine_output import Usage
 from splice.errors import SpliceError
-from splice.offload import inline_or_thread
+from splice.offload import gc_paused
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,7 +77,14 @@ async def whole_response(request: Request, chunks: Indexed, shape: Shape, n: int
         collected = await until_disconnected(request, _collect(chunks, n))
     small = sum(len(c.token_ids) for c in collected) <= INLINE_ANSWER_TOKENS and \
         not any(c.prompt_logprobs for c in collected)
-    return await inline_or_thread(small, lambda: json_response(shape.response(collected)))
+    if small:
+        return json_response(shape.response(collected))
+    return await asyncio.to_thread(_built, shape, collected)
+
+
+def _built(shape: Shape, collected: list[Collected]) -> Response:
+    with gc_paused():  # (millions of small objects: full collections would hold the GIL for most of a second)
+        return json_response(shape.response(collected))
 
 
 def _event(body: dict) -> bytes:
