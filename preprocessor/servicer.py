@@ -19,7 +19,7 @@ from preprocessor.tools.request import ToolRequest
 from preprocessor.upload import UploadAssembler
 from splice.errors import DeadlineExceeded, InvalidArgument
 from splice.offload import inline_or_thread
-from splice.request_rules import check_control_counts
+from splice.request_rules import VOCABULARY_BOUNDED, check_control_counts
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -47,7 +47,7 @@ def _conversation(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest,
 def _sampling(core: PreprocessorCore, pb: common_pb2.SamplingParams) -> SamplingParams:
     """SamplingParams of `pb`, its token-ID controls counted first (a map of 8M logit_bias entries would become 8M
     objects before any rule saw them)."""
-    check_control_counts(len(pb.logit_bias), len(pb.allowed_token_ids), core.info)
+    check_control_counts({name: len(getattr(pb, name)) for name in VOCABULARY_BOUNDED}, core.info)
     return SamplingParams.from_pb(pb)
 
 

@@ -107,7 +107,7 @@ def build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
     """`so` as an xgrammar Grammar (compiler None) or CompiledGrammar; InvalidArgument when it is not valid."""
     kind, spec = so.kind, so.spec
     if kind in JSON_KINDS:
-        json_depth.check_text(spec, f"structured output {kind}")
+        json_depth.check_text(spec, f"structured output {kind}", json_depth.MAX_SPEC_DEPTH)
     try:
         if kind in ("json", "json_object"):
             schema = spec if kind == "json" else JSON_OBJECT_SCHEMA

@@ -20,6 +20,9 @@ from splice.errors import InvalidArgument
 # Levels of arrays and objects a JSON value may nest (a schema with 15 levels of object properties is 31: each level
 # is the property's schema and its `properties` object). OpenAI's structured outputs allow 10 levels of schemas.
 MAX_JSON_DEPTH = 32
+# A structured output's spec: the schema tool_choice "required" implies wraps a tool's parameters (at most
+# MAX_JSON_DEPTH - 2 deep within the tool) in 5 levels of its own (preprocessor/tools/choice.py).
+MAX_SPEC_DEPTH = MAX_JSON_DEPTH + 3
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -49,20 +52,20 @@ def value_depth(value: Any) -> int:
     return deepest
 
 
-def _refuse(where: str, depth: int) -> InvalidArgument:
-    return InvalidArgument(f"{where} nests {depth} levels of arrays and objects; at most {MAX_JSON_DEPTH}")
+def _refuse(where: str, depth: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(f"{where} nests {depth} levels of arrays and objects; at most {limit}")
 
 
 def check_value(value: Any, where: str, limit: int = MAX_JSON_DEPTH) -> None:
     """InvalidArgument naming `where` and its depth when `value` nests deeper than `limit`."""
     if (depth := value_depth(value)) > limit:
-        raise _refuse(where, depth)
+        raise _refuse(where, depth, limit)
 
 
-def check_text(text: str, where: str) -> None:
-    """InvalidArgument naming `where` and its depth when the JSON text `text` nests deeper than MAX_JSON_DEPTH."""
-    if (depth := text_depth(text)) > MAX_JSON_DEPTH:
-        raise _refuse(where, depth)
+def check_text(text: str, where: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """InvalidArgument naming `where` and its depth when the JSON text `text` nests deeper than `limit`."""
+    if (depth := text_depth(text)) > limit:
+        raise _refuse(where, depth, limit)
 
 
 class TooDeep(ValueError):

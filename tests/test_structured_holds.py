@@ -12,7 +12,7 @@ import pytest
 
 from splice.errors import InvalidArgument
 from splice.grammar import check
-from splice.json_depth import MAX_JSON_DEPTH
+from splice.json_depth import MAX_SPEC_DEPTH
 from splice.sampling import SamplingParams
 from splice.structured_output import StructuredOutput
 
@@ -60,7 +60,7 @@ def test_a_structural_tag_schema_is_held_to_the_same_rules():
 def test_a_spec_nested_past_the_cap_is_refused_from_its_shape():
     deep = '{"items":' * 1000 + "{}" + "}" * 1000  # issue 40 row 6: checked on the event loop for 34 s before
     with pytest.raises(InvalidArgument, match=rf"^guided_json: structured output json nests 1001 levels .*at most "
-                                              rf"{MAX_JSON_DEPTH}$"):
+                                              rf"{MAX_SPEC_DEPTH}$"):
         check(StructuredOutput("json", deep), "guided_json")
     with pytest.raises(InvalidArgument, match=r"structured output choice nests 5000 levels"):
         check(StructuredOutput("choice", "[" * 5000 + "]" * 5000), "guided_choice")

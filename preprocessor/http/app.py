@@ -16,14 +16,14 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preprocessor.admission import Admission, charge
-from preprocessor.content import Conversation, PromptPart, Text, TokenIds
-from preprocessor.core import Prepared, PreprocessorCore
+from preprocessor.content import PromptPart, Text, TokenIds
+from preprocessor.core import MAX_DETOKENIZE_IDS, Prepared, PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
 from preprocessor.http.auth import KeyMiddleware
 from preprocessor.http.body import Caps, OffLoopJsonRoute
-from preprocessor.http.decode import decode_chat, decode_completion
+from preprocessor.http.decode import conversation, decode_chat, decode_completion
 from preprocessor.http.errors import error_response, install_error_handlers
 from preprocessor.http.media import fetch_remote_images
 from preprocessor.http.options import HttpOptions
@@ -36,9 +36,10 @@ from preprocessor.http.schemas import (
     TokenizeRequest,
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
-from preprocessor.request_bounds import check_counts_only, max_chars
+from preprocessor.request_bounds import max_chars
 from preprocessor.tools.request import MAX_TOOLS
 from splice.errors import InvalidArgument, NotFound
+from splice.request_rules import VOCABULARY_BOUNDED
 from splice.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -55,17 +56,6 @@ def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
     return core
 
 
-def _tokenize_conversation(core: PreprocessorCore, body: TokenizeChatRequest) -> Conversation:
-    """The body's conversation, checked against the request bounds (sizes, image count) before any remote image is
-    fetched."""
-    # The counts first, from the body: converting 100k messages would take seconds of its own.
-    parts = sum(len(m.content) if isinstance(m.content, list) else 1 for m in body.messages)
-    check_counts_only(len(body.messages), parts, core.info)
-    conv = convert.conversation_from_http(body)
-    core.check_conversation(conv)
-    return conv
-
-
 def _body_caps(link: EngineLink) -> Caps:
     """What a large body's fields may hold, for the model served now (body.py counts them as it parses)."""
     core = link.core()
@@ -73,8 +63,12 @@ def _body_caps(link: EngineLink) -> Caps:
     vocab = (info.vocab_rows, f"each names a token of the engine's vocabulary of {info.vocab_rows} (vLLM's rule)")
     positions = (info.max_model_len, f"each takes a position of the engine's max_model_len {info.max_model_len}")
     chars = max_chars(info, core.files)
-    return Caps({"logit_bias": vocab, "allowed_token_ids": vocab, "messages": positions, "prompt": positions,
-                 "tools": (MAX_TOOLS, "the tools a request may carry")},
+    prompts = max(info.max_model_len, core.limits.max_prompts)
+    return Caps({**dict.fromkeys(VOCABULARY_BOUNDED, vocab), "messages": positions,
+                 "prompt": (prompts, f"a prompt's token IDs take positions of the engine's max_model_len "
+                                     f"{info.max_model_len}; a request has at most {core.limits.max_prompts} prompts"),
+                 "tools": (MAX_TOOLS, "the tools a request may carry"),
+                 "tokens": (MAX_DETOKENIZE_IDS, "the token IDs one /detokenize takes")},
                 default=(max(chars, info.vocab_rows), f"no field of a request to this model holds more (the prompt's "
                                                        f"{chars} characters, the vocabulary's tokens)"))
 
@@ -210,7 +204,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def tokenize(body: TokenizeRequest) -> dict:
         core = _core(link, body.model)
         if isinstance(body, TokenizeChatRequest):
-            conv = await asyncio.to_thread(_tokenize_conversation, core, body)
+            conv = await asyncio.to_thread(conversation, core, body)
             conv = await fetch_remote_images(conv, options, core.limits.max_image_bytes)
             result = await core.tokenize_chat(conv)
         else:

@@ -14,7 +14,7 @@ from preprocessor.content import Conversation, PromptPart
 from preprocessor.core import PreprocessorCore
 from preprocessor.http import convert
 from preprocessor.http.body import INLINE_BODY_BYTES
-from preprocessor.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from preprocessor.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields, TokenizeChatRequest
 from preprocessor.request_bounds import check_counts_only
 from preprocessor.tools.choice import constrain, constraint_for
 from preprocessor.tools.request import ToolRequest
@@ -36,15 +36,23 @@ def _plain(body: GenerationFields, nbytes: int) -> bool:
         all(getattr(body, name) is None for name in STRUCTURED_FIELDS)
 
 
-def _chat(core: PreprocessorCore, body: ChatCompletionRequest) -> Chat:
-    tools = convert.tools_from_http(body, core.limits.tools)
-    sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
-    convert.check_served(body)
+def conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
+                 tools: ToolRequest | None = None) -> Conversation:
+    """The body's conversation, checked against the request bounds (sizes, image count) before any remote image is
+    fetched. `tools`: the body's, checked already."""
     # The counts first, from the body: converting 100k messages would take seconds of its own.
     parts = sum(len(m.content) if isinstance(m.content, list) else 1 for m in body.messages)
     check_counts_only(len(body.messages), parts, core.info)
     conv = convert.conversation_from_http(body, tools)
     core.check_conversation(conv)
+    return conv
+
+
+def _chat(core: PreprocessorCore, body: ChatCompletionRequest) -> Chat:
+    tools = convert.tools_from_http(body, core.limits.tools)
+    sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
+    convert.check_served(body)
+    conv = conversation(core, body, tools)
     return Chat(tools, convert.conversation_prompt_logprobs(body, conv, sampling), conv)
 
 

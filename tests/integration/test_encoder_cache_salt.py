@@ -8,8 +8,9 @@ import pytest
 
 from app.demo import sample_picture
 from app.launch import start_stack
-from app.scrape import metrics_address, scrape, value
+from app.scrape import metrics_address
 from clients import SpliceClient
+from tests.integration.test_encoder_cache import _counts
 
 MODEL = "tiny-qwen2-vl"
 
@@ -22,11 +23,6 @@ def salted_stack(tiny_dirs):
     yield engine, pre
     pre.stop()
     engine.stop()
-
-
-def _counts(address: str) -> tuple[float, float]:
-    samples = scrape(address)
-    return tuple(value(samples, f"splice_engine_encoder_cache_{n}_total") for n in ("queries", "hits"))
 
 
 def _ask(client: SpliceClient, salt: str) -> None:

@@ -230,6 +230,14 @@ def _raw_post(address: str, path: str, body: bytes) -> tuple[socket.socket, thre
     return sock, thread, done
 
 
+def _answered_first(http: httpx.Client, reader: threading.Thread, hostile: list[float], what: str) -> None:
+    """Another user's request, sent now, is answered before the hostile one (`reader` records when its answer came)."""
+    assert _chat(http).status_code == 200
+    other = time.monotonic()
+    reader.join(GUARD)
+    assert hostile and other < hostile[0], f"the other user was answered only after {what}"
+
+
 def test_checking_a_thousand_tools_holds_no_other_user(http, stack):
     """1024 valid tools (the cap; each checked against the JSON Schema metaschema, then refused as too long for the
     context): another user's request sent once the body is out is answered before them (before: every tool checked,
@@ -241,10 +249,7 @@ def test_checking_a_thousand_tools_holds_no_other_user(http, stack):
     body = json.dumps({"messages": HI, "max_tokens": 2, "tools": tools, "tool_choice": "none"}).encode()
     sock, reader, hostile = _raw_post(stack[1].http_address, "/v1/chat/completions", body)
     try:
-        assert _chat(http).status_code == 200
-        other = time.monotonic()
-        reader.join(GUARD)
-        assert hostile and other < hostile[0], "the other user was answered only after the 1024 tools"
+        _answered_first(http, reader, hostile, "the 1024 tools")
     finally:
         sock.close()
 
@@ -263,9 +268,6 @@ def test_building_a_large_whole_answer_holds_no_other_user(http, stack):
         while total(scrape(engine), "splice_engine_requests_finished_total") < finished + 32:
             assert time.monotonic() < deadline and not hostile, "the 32 choices did not finish"
             time.sleep(0.01)
-        assert _chat(http).status_code == 200
-        other = time.monotonic()
-        reader.join(GUARD)
-        assert hostile and other < hostile[0], "the other user was answered only after the whole answer was built"
+        _answered_first(http, reader, hostile, "the whole answer was built")
     finally:
         sock.close()

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from preprocessor.tools.choice import constraint_for
 from preprocessor.tools.request import MAX_TOOLS, ToolSettings, message_fields, tool_request
 from splice.errors import InvalidArgument
+from splice.grammar import check as check_grammar
 from splice.json_depth import MAX_JSON_DEPTH
 
 
@@ -28,9 +30,11 @@ def test_a_tool_past_the_depth_cap_is_refused_naming_it(choice):
     with pytest.raises(InvalidArgument, match=r"^tools\[1\] \(function 'deep'\) nests 203 levels of arrays and "
                                               rf"objects; at most {MAX_JSON_DEPTH}$"):
         tool_request([_tool("flat", {"type": "object"}), _tool("deep", _deep(100))], choice, None, ToolSettings())
-    # the deepest allowed: tool (1) > function (2) > parameters (3) > ... (within the cap)
+    # the deepest allowed (tool > function > parameters > ...), and the schema its choice implies is a valid spec
     request = tool_request([_tool("ok", _deep((MAX_JSON_DEPTH - 3) // 2))], choice, None, ToolSettings())
     assert request.names == ["ok"]
+    if (constraint := constraint_for(request)) is not None:
+        check_grammar(constraint)
 
 
 def test_tools_are_counted_before_any_is_checked():
