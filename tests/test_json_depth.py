@@ -12,19 +12,24 @@ from splice.errors import InvalidArgument
 from splice.json_depth import MAX_JSON_DEPTH, TooDeep, check_text, check_value, loads, text_depth, value_depth
 
 
-def _random_value(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(5) if depth < 6 else 0
+def random_json(rng: random.Random, depth: int = 0):
+    """A random JSON value: scalars (strings holding brackets, quotes, escapes, non-ASCII), flat arrays of numbers,
+    nested arrays and objects (keys holding brackets too), at most 6 levels deep."""
+    kind = rng.randrange(7) if depth < 6 else 0
     if kind == 0:
-        return rng.choice([1, -2.5, None, True, 'a "[quoted] {text}"', "back\\slash ]", "x"])
+        return rng.choice([0, -17, 3.25, 1e-7, -2e30, None, True, False, "", 'a "[quoted] {text}"', "back\\slash ]",
+                           "text, with: [brackets] {}", "\u00e9\u4e2d", "esc \\\" \n \t"])
     if kind < 3:
-        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {f'k{i}[{{"': _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+        return [rng.randrange(-999, 999) for _ in range(rng.randrange(6))]  # (a flat array of numbers)
+    if kind < 5:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(5))]
+    return {f'k{i}[{{"': random_json(rng, depth + 1) for i in range(rng.randrange(5))}
 
 
 def test_text_and_value_depth_agree_with_the_shape():
     rng = random.Random(3)
     for _ in range(300):
-        value = _random_value(rng)
+        value = random_json(rng)
         assert text_depth(json.dumps(value)) == value_depth(value)
     assert (text_depth("[]"), text_depth("{}"), text_depth("3"), text_depth('"[[["'), text_depth("")) == (1, 1, 0, 0, 0)
     assert text_depth("[" * 5000 + "]" * 5000) == 5000

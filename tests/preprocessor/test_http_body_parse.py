@@ -16,26 +16,15 @@ from preprocessor.http.json_body import json_bytes
 from preprocessor.http.schemas import ParsedBody
 from splice.errors import InvalidArgument
 from tests.preprocessor.http_face import http_face
+from tests.test_json_depth import random_json
 
 CAPS = Caps({"logit_bias": (10, "the vocabulary"), "tools": (3, "the tool cap")}, default=(50, "the default"))
-
-
-def _value(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(7) if depth < 5 else 0
-    if kind == 0:
-        return rng.choice([0, -17, 3.25, 1e-7, -2e30, None, True, False, "", "text, with: [brackets] {}",
-                           "\u00e9\u4e2d", "esc \\\" \n \t"])
-    if kind < 3:
-        return [rng.randrange(-999, 999) for _ in range(rng.randrange(6))]  # (a flat array of numbers)
-    if kind < 5:
-        return [_value(rng, depth + 1) for _ in range(rng.randrange(5))]
-    return {f"k{i}": _value(rng, depth + 1) for i in range(rng.randrange(5))}
 
 
 def test_it_reads_what_json_loads_reads():
     rng = random.Random(7)
     for _ in range(400):
-        body = {"messages": [{"role": "user", "content": "hi"}], "x": _value(rng)}
+        body = {"messages": [{"role": "user", "content": "hi"}], "x": random_json(rng)}
         for text in (json.dumps(body), json.dumps(body, indent=2), json.dumps(body, separators=(",", ":"))):
             parsed = parse_body(text, CAPS)
             assert parsed == json.loads(text) and isinstance(parsed, ParsedBody)
@@ -83,8 +72,8 @@ def test_whole_answers_are_encoded_in_pieces_as_jsonresponse_writes_them():
 
     rng = random.Random(5)
     for _ in range(100):
-        value = {"choices": [{"logprobs": {"content": [_value(rng) for _ in range(rng.choice([0, 3, 700]))]},
-                              "n": {1: True, "k": [None]}}], "x": _value(rng)}
+        value = {"choices": [{"logprobs": {"content": [random_json(rng) for _ in range(rng.choice([0, 3, 700]))]},
+                              "n": {1: True, "k": [None]}}], "x": random_json(rng)}
         assert json_bytes(value) == JSONResponse(value).body
 
 
