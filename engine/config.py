@@ -63,6 +63,12 @@ class EngineConfig:
     # a benchmarking aid (engine/simulate.py): the model's forward and vision tower are replaced by a wait of this
     # many milliseconds per forward that holds no CPU, as a GPU kernel would, with deterministic logits; None = off
     simulate_forward_ms: float | None = None
+    # LoRA adapters (vLLM's flags; engine/lora/): served per request by name, several in one forward
+    enable_lora: bool = False
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) read at start
+    max_loras: int = 1  # distinct adapters the running sequences (so one step's forward) may have
+    max_lora_rank: int = 16  # an adapter of a larger rank is refused at load
+    max_cpu_loras: int | None = None  # adapters kept in memory (least recently used dropped); None = max_loras
 
     def __post_init__(self) -> None:
         base = self.device.split(":", 1)[0]
@@ -109,6 +115,31 @@ class EngineConfig:
             if self.tensor_parallel_size > 1:
                 raise ValueError("simulate_forward_ms needs tensor_parallel_size 1 (a simulated forward has no "
                                  f"shards), got {self.tensor_parallel_size}")
+
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        names = [n for n, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            twice = sorted(n for n in set(names) if names.count(n) > 1)
+            raise ValueError(f"--lora-modules names an adapter twice: {twice}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("--enable-lora is not supported with --tensor-parallel-size > 1 (adapters apply to the "
+                             "whole, unsharded linears); serve LoRA at --tensor-parallel-size 1")
+        if self.enable_lora and self.simulate_forward_ms is not None:
+            raise ValueError("--enable-lora needs the real forward, not --simulate-forward-ms")
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     @property
     def served_name(self) -> str:

@@ -24,7 +24,8 @@ from splice.engine_request import EngineRequest
 def choices(seq: Sequence, req: EngineRequest) -> list[Sequence]:
     """`seq` (choice 0) and, for n > 1, its other choices, which it holds in `forks` until they start."""
     seq.forks = [Sequence(seq.request_id, seq.prompt_len, req.sampling.choice(i), seq.max_model_len,
-                          seq.eos_token_ids, index=i, arrival=seq.arrival, grammar=seq.grammar)
+                          seq.eos_token_ids, index=i, arrival=seq.arrival, grammar=seq.grammar,
+                          adapter=seq.adapter)
                  for i in range(1, req.sampling.n)]
     return [seq, *seq.forks]
 

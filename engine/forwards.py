@@ -9,14 +9,18 @@ Shapes: rows = sequences in the forward, q = new positions per row, N = a packed
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.attention import PACKED
 from engine.models.slot_cache import Segment, SlotKV
+
+if TYPE_CHECKING:
+    from engine.lora import LoraAdapter
 
 PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
 NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
@@ -39,6 +43,12 @@ def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
+def adapters(f: ModelFamily, segments: list[tuple[LoraAdapter | None, int]]) -> AbstractContextManager:
+    """The forward in the block runs each of its flattened tokens under its adapter: `segments` of (adapter or None,
+    tokens), in the forward's order (engine/lora/apply.py)."""
+    return f.lora.use(segments) if f.lora is not None else nullcontext()
+
+
 def hidden_states(f: ModelFamily, embeds: torch.Tensor, step: StepInputs, positions: torch.Tensor,
                   cache: Any) -> torch.Tensor:
     """embeds [rows, q, hidden], positions [D, rows, q] -> the last layer's hidden states [rows, q, hidden]."""
@@ -53,21 +63,24 @@ def hidden_states(f: ModelFamily, embeds: torch.Tensor, step: StepInputs, positi
     return out.last_hidden_state
 
 
-def decode(f: ModelFamily, b: Batch, tokens: list[int]) -> torch.Tensor:
-    """One new position for every row (`tokens`: each one's last token, in slot order) -> logits [rows, vocab] in slot
-    order; the rows are one position further."""
+def decode(f: ModelFamily, b: Batch, tokens: list[int],
+           loras: list[LoraAdapter | None] | None = None) -> torch.Tensor:
+    """One new position for every row (`tokens`: each one's last token, in slot order; `loras`: each one's adapter) ->
+    logits [rows, vocab] in slot order; the rows are one position further."""
     ids = torch.tensor(tokens, dtype=torch.long, device=f.device)[:, None]  # [rows, 1]
     mask = b.kv.key_mask(1).to(f.device)  # [rows, T + 1]
     b.kv.plan_decode()
-    hidden = hidden_states(f, f.lookup(ids), StepInputs(ids, mask, None, None),
-                           b.positions[None, :, None].expand(f.position_dims, -1, 1), b.cache)
+    with adapters(f, [(a, 1) for a in loras or ()]):
+        hidden = hidden_states(f, f.lookup(ids), StepInputs(ids, mask, None, None),
+                               b.positions[None, :, None].expand(f.position_dims, -1, 1), b.cache)
     b.kv.advance()
     b.kv.refresh()
     b.positions = b.positions + 1
     return f.logits(hidden[:, -1])
 
 
-def packed(f: ModelFamily, b: Batch, tokens: list[int], pieces: list[tuple[Prompt, int, int, int]]) -> torch.Tensor:
+def packed(f: ModelFamily, b: Batch, tokens: list[int], pieces: list[tuple[Prompt, int, int, int]],
+           loras: list[LoraAdapter | None] | None = None) -> torch.Tensor:
     """A mixed step as one forward: one new position for every row (as `decode`) and the prompt positions [start, end)
     of each (prompt, slot, start, end) in `pieces`, packed into one row of tokens; attention is split per sequence
     (engine/models/attention.py) -> hidden states [N, hidden]: the rows' (slot order), then each piece's positions.
@@ -79,16 +92,18 @@ def packed(f: ModelFamily, b: Batch, tokens: list[int], pieces: list[tuple[Promp
                     *(p.positions[:, s:e] for p, _, s, e in pieces)], 1)[:, None]  # [D, 1, N]
     b.kv.plan_packed([Segment(slot, s, e - s) for _, slot, s, e in pieces], f.device,
                      reserve=max(len(p.token_ids) for p, *_ in pieces) + 1)  # grow once: prompt + first decode
+    segments = [(a, 1) for a in loras or ()] + [(p.adapter, e - s) for p, _, s, e in pieces]
     try:
-        hidden = f.backbone(
-            inputs_embeds=embeds,
-            # any 4-D mask makes transformers build none; the real ones (one per part) ride in the plan
-            attention_mask=NO_MASK,
-            position_ids=at[0] if f.position_dims == 1 else at,
-            cache=b.cache,
-            use_cache=True,
-            **{PACKED: b.kv.plan.packed},
-        ).last_hidden_state[0]
+        with adapters(f, segments):
+            hidden = f.backbone(
+                inputs_embeds=embeds,
+                # any 4-D mask makes transformers build none; the real ones (one per part) ride in the plan
+                attention_mask=NO_MASK,
+                position_ids=at[0] if f.position_dims == 1 else at,
+                cache=b.cache,
+                use_cache=True,
+                **{PACKED: b.kv.plan.packed},
+            ).last_hidden_state[0]
     finally:
         b.kv.refresh()
     b.kv.advance()
@@ -112,7 +127,8 @@ def padded(f: ModelFamily, prompts: list[Prompt], kv: SlotKV, cache: Any,
     step = StepInputs(token_ids=stack("token_ids"), mask=mask, image_mask=stack("image_mask"),
                       span_mask=stack("span_mask"))
     kv.plan_prefill(len(prompts), longest, first=slot)
-    return hidden_states(f, stack("embeds"), step, stack("positions", 1), cache), pads
+    with adapters(f, [(p.adapter, longest) for p in prompts]):
+        return hidden_states(f, stack("embeds"), step, stack("positions", 1), cache), pads
 
 
 def chunked(f: ModelFamily, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, start: int, end: int,
@@ -128,7 +144,8 @@ def chunked(f: ModelFamily, prompt: Prompt, kv: SlotKV, cache: Any, slot: int, s
                           prompt.image_mask[None, at:stop], prompt.span_mask[None, at:stop])
         kv.plan_prefill(1, stop - at, past=at, first=slot)
         kv.plan.reserve = len(prompt.token_ids) + 1  # the buffers grow once: the prompt and its first decode
-        hidden = hidden_states(f, prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
+        with adapters(f, [(prompt.adapter, stop - at)]):
+            hidden = hidden_states(f, prompt.embeds[None, at:stop], step, prompt.positions[:, None, at:stop], cache)
         score(hidden[0], at)
         logits = f.logits(hidden[:, -1])
     return logits

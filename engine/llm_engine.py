@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import threading
 import time
@@ -25,8 +26,10 @@ from transformers import AutoTokenizer
 from engine import fork
 from engine.config import EngineConfig
 from engine.loader import LoadedModel, load
+from engine.lora import LoraAdapter, LoraRegistry, load_adapter
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, RunnerOutput, batch_capacity
+from engine.models import Prompt
 from engine.outbox import Listener, Outbox
 from engine.prefix_cache import PrefixKeys, for_engine, request_keys
 from engine.prompt_logprobs import PromptScores
@@ -37,7 +40,7 @@ from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
-from splice.errors import SpliceError, Unavailable
+from splice.errors import FailedPrecondition, InvalidArgument, SpliceError, Unavailable
 from splice.grammar_cache import GrammarCache
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
@@ -73,8 +76,10 @@ class LLMEngine:
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         mixed = cfg.mixed_prefill_tokens or mixed_prefill_default(self.m.device.type == "cuda"
                                                                   or cfg.simulate_forward_ms is not None)
+        self.loras = self._serve_loras() if cfg.enable_lora else None  # the LoRA adapters served (None: LoRA off)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, mixed,
-                                   self.family.packs_mixed_steps, self._cached if self.prefix is not None else None)
+                                   self.family.packs_mixed_steps, self._cached if self.prefix is not None else None,
+                                   cfg.max_loras if cfg.enable_lora else None)
         # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
         self._resets: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._lock = threading.Lock()  # guards the scheduler, the records' table and their listeners
@@ -98,6 +103,16 @@ class LLMEngine:
     @property
     def info(self) -> ModelInfo:
         return self.m.info
+
+    def _serve_loras(self) -> LoraRegistry:
+        """The registry, with every --lora-modules adapter read and checked (the first that cannot be served stops the
+        engine, its one line naming it)."""
+        read = functools.partial(load_adapter, targets=self.m.lora_targets, max_rank=self.cfg.max_lora_rank,
+                                 hidden_size=self.m.info.hidden_size, device=self.m.device, dtype=self.m.dtype)
+        registry = LoraRegistry(read, self.cfg.cpu_loras)
+        for name, path in self.cfg.lora_modules:
+            registry.add(name, path)
+        return registry
 
     @property
     def num_running(self) -> int:
@@ -144,14 +159,29 @@ class LLMEngine:
 
     # --- async API -------------------------------------------------------------------------------
 
-    def _check(self, req: EngineRequest) -> PrefixKeys | None:
+    def _check(self, req: EngineRequest, adapter: LoraAdapter | None = None) -> PrefixKeys | None:
         """Validation, then the encoder cache's and the prefix cache's content keys (hashing every pixel byte, like
-        the finite checks beside it, not on the engine loop) -> the prefix cache's (None: no cache)."""
+        the finite checks beside it, not on the engine loop) -> the prefix cache's (None: no cache). Under an adapter
+        the prefix keys are its own, and so are the encoder cache's where it adapts the vision tower or connector."""
         validate_request(req, self.m.info, self.m.family.images)
         req.image_keys = self.m.family.image_keys(req)
+        if adapter is not None and adapter.vision and req.image_keys is not None:
+            req.image_keys = [hashlib.sha256(f"{k}|lora:{adapter.digest}".encode()).hexdigest() for k in req.image_keys]
         if self.prefix is not None:
-            return request_keys(req, self.m.family, self.m.info.fingerprint, self.prefix.block_size)
+            fingerprint = self.m.info.fingerprint + (f"|lora:{adapter.digest}" if adapter is not None else "")
+            return request_keys(req, self.m.family, fingerprint, self.prefix.block_size)
         return None
+
+    async def adapter(self, name: str) -> LoraAdapter | None:
+        """The LoRA adapter a request names ("" = the base model): NotFound for a name not served, FailedPrecondition
+        when LoRA is off."""
+        if not name:
+            return None
+        if self.loras is None:
+            raise FailedPrecondition(f"this engine serves no LoRA adapters (start it with --enable-lora); the "
+                                     f"request asked for {name!r}")
+        found = self.loras.cached(name)
+        return found if found is not None else await asyncio.to_thread(self.loras.get, name)
 
     def _cached(self, seq: Sequence) -> int:
         """Prompt positions of a waiting `seq` the prefix cache holds now; none for a request that asks for prompt
@@ -165,15 +195,16 @@ class LLMEngine:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
         self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
+        adapter = await self.adapter(req.lora)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
-        keys = await inline_or_thread(inline, self._check, req)
+        keys = await inline_or_thread(inline, self._check, req, adapter)
         # a structured output's grammar compiles in its own thread (once per distinct spec): this request waits,
         # the running ones keep decoding
         grammar = await self._grammar_cache().get(req.sampling.structured) if req.sampling.structured else None
         seq = Sequence(req.request_id, req.prompt_len, req.sampling, self.m.info.max_model_len,
                        self.m.info.eos_token_ids, request=req, arrival=arrival, prefix_keys=keys,
-                       grammar=grammar)
+                       grammar=grammar, adapter=adapter)
         if req.sampling.prompt_logprobs is not None:
             seq.prompt_scores = PromptScores(req.token_ids)
         seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)
@@ -206,6 +237,28 @@ class LLMEngine:
             with self._lock:
                 for s in seqs:
                     s.listener = None
+
+    def _lora_registry(self) -> LoraRegistry:
+        if self.loras is None:
+            raise FailedPrecondition("this engine serves no LoRA adapters (start it with --enable-lora)")
+        return self.loras
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Serves the PEFT adapter in folder `path` as `name` from now on (vLLM's /v1/load_lora_adapter): read and
+        checked in a thread; InvalidArgument naming it when it cannot be served or the name is taken."""
+        if not name or name == self.info.model:
+            raise InvalidArgument(f"a LoRA adapter cannot be named {name!r} (the base model's name, or empty)")
+        await asyncio.to_thread(self._lora_registry().add, name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Stops serving adapter `name` (requests already running under it finish under it); NotFound when no adapter
+        has that name."""
+        self._lora_registry().remove(name)
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """Name -> folder of every adapter served (empty with LoRA off)."""
+        return self.loras.served if self.loras is not None else {}
 
     def _grammar_cache(self) -> GrammarCache:
         if self._grammars is None:  # (its tokenizer is loaded by its compile thread, at the first compile)
@@ -272,7 +325,8 @@ class LLMEngine:
         start = time.perf_counter()
         rows, parts = self._plan(out)
         try:
-            ran = self.runner.execute([s.output_ids[-1] for s in rows], [p for _, p in parts])
+            loras = [s.adapter for s in rows] if self.loras is not None else None
+            ran = self.runner.execute([s.output_ids[-1] for s in rows], [p for _, p in parts], loras)
             if self._overlap:  # the forward runs on the device: the previous step's outputs go out meanwhile
                 self._flush()
             self.m.family.synchronize()
@@ -320,7 +374,7 @@ class LLMEngine:
             seq = span.seq
             if seq.prompt is None:
                 try:
-                    seq.prompt = self.family.prompt(seq.request)
+                    seq.prompt = self._prompt(seq)
                 except Exception as exc:
                     log.exception("request %s: embedding failed", seq.request_id)
                     self._fail([seq], exc)
@@ -331,6 +385,15 @@ class LLMEngine:
         if (cache := self.family.encoder_cache) is not None and cache.queries:
             self.stats.encoder_cache(*cache.take_counts(), cache.bytes)
         return rows, parts
+
+    def _prompt(self, seq: Sequence) -> Prompt:
+        """`seq`'s merged prompt; a vision tower or connector its adapter adapts runs under it."""
+        if self.m.family.lora is None:
+            return self.family.prompt(seq.request)
+        with self.m.family.lora.whole(seq.adapter):
+            prompt = self.family.prompt(seq.request)
+        prompt.adapter = seq.adapter
+        return prompt
 
     def _ran(self, seqs: list[Sequence], ran: RunnerOutput) -> list[tuple[int, Sequence]]:
         """What the runner did to each prompt part goes on its record (its slot, its copies', its prompt logprobs); a

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.encoder_cache import EncoderCache
+from engine.lora import Target, attach
 from engine.models import ModelFamily, family_for
 from engine.simulate import simulated
 from splice.errors import FailedPrecondition
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     family: ModelFamily  # the HF model and everything the engine needs to know about its architecture
     info: ModelInfo
+    # --enable-lora: the linear layers an adapter may adapt (module path -> Target; engine/lora/sites.py); else None
+    lora_targets: dict[str, Target] | None = None
 
     @property
     def model(self) -> torch.nn.Module:  # the whole HF model (vision parts included)
@@ -104,6 +107,7 @@ def load(cfg: EngineConfig) -> LoadedModel:
     family = family_cls(model, device, dtype)
     impl = family.select_impl(cfg.model_impl, tensor_parallel=cfg.tensor_parallel_size > 1)
     log.info("text stack: %s (--model-impl %s)", impl, cfg.model_impl)
+    targets = attach(family) if cfg.enable_lora else None
     if family.accepts_images and cfg.encoder_cache_mb:
         family.encoder_cache = EncoderCache(cfg.encoder_cache_mb << 20)
     embed = family.embed
@@ -127,4 +131,4 @@ def load(cfg: EngineConfig) -> LoadedModel:
         input_kinds=kinds,
         eos_token_ids=_eos_ids(path, text_config),
     )
-    return LoadedModel(family, info)
+    return LoadedModel(family, info, targets)

@@ -93,12 +93,12 @@ class ModelRunner:
         self.batch = None
 
     @torch.inference_mode()
-    def execute(self, tokens: list[int], parts: list[PromptPart]) -> RunnerOutput:
-        """One step: a decode of every row (`tokens`: each row's last token, in slot order; none: the rows do not move)
-        and the prompt positions of `parts`. A part whose prefill fails is in `failed` and left nothing behind; raises
-        only when the decode failed (the shared cache may be half-updated: every row is lost). A part that does not
-        complete its prompt is alone in its step (the scheduler admits nothing beside it): its columns wait in the slot
-        after the rows."""
+    def execute(self, tokens: list[int], parts: list[PromptPart], loras: list[Any] | None = None) -> RunnerOutput:
+        """One step: a decode of every row (`tokens`: each row's last token, in slot order; none: the rows do not move;
+        `loras`: each row's LoRA adapter, None for none) and the prompt positions of `parts`. A part whose prefill fails
+        is in `failed` and left nothing behind; raises only when the decode failed (the shared cache may be
+        half-updated: every row is lost). A part that does not complete its prompt is alone in its step (the scheduler
+        admits nothing beside it): its columns wait in the slot after the rows."""
         assert len(tokens) in (0, self.rows)
         assert len(parts) == 1 or all(p.end == len(p.prompt.token_ids) for p in parts)
         hits = [p for p in parts if p.slot is None and p.start > 0]
@@ -108,12 +108,13 @@ class ModelRunner:
         try:
             if tokens and parts and self.family.packs_mixed_steps:
                 try:
-                    return self._packed(tokens, parts)
+                    return self._packed(tokens, parts, loras)
                 except Exception:  # nothing was recorded
                     log.exception("packed step of %d rows and %d prompt(s) failed; running it as two", len(tokens),
                                   len(parts))
             out = RunnerOutput()
-            logits = [fw.decode(self.family, self.batch, tokens)] if tokens else []  # the rows first, the prompts after
+            # the rows first, the prompts after
+            logits = [fw.decode(self.family, self.batch, tokens, loras)] if tokens else []
             logits += self._prefill(parts, out)
             out.logits = (logits[0] if len(logits) == 1 else torch.cat(logits)) if logits else None
             return out
@@ -128,13 +129,13 @@ class ModelRunner:
                 out.scores.append((part, piece))
         return score
 
-    def _packed(self, tokens: list[int], parts: list[PromptPart]) -> RunnerOutput:
+    def _packed(self, tokens: list[int], parts: list[PromptPart], loras: list[Any] | None) -> RunnerOutput:
         """The step as one forward (engine/forwards.py `packed`), each part in a slot after the rows in use (in part
         order) -> logits of the rows, then of the completed prompts, whose rows join the batch."""
         b, f = self.batch, self.family
         rows = b.kv.rows
         pieces = [(p.prompt, rows + i, p.start, self._place(p, rows + i)) for i, p in enumerate(parts)]
-        hidden = fw.packed(f, b, tokens, pieces)  # [N, hidden]
+        hidden = fw.packed(f, b, tokens, pieces, loras)  # [N, hidden]
         out = RunnerOutput(packed=True)
         complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
         lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token

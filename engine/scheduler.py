@@ -14,6 +14,10 @@ once. Finished and aborted ones leave at the boundary they finish on.
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
 
+With LoRA adapters, the running sequences run under at most `max_loras` distinct adapters (--max-loras: a step's
+forward batches that many): a waiting sequence whose adapter would be one too many waits, and those behind it that fit
+are admitted before it.
+
 A request of n > 1 choices is one sequence until its prompt is in, then n (`update` starts them): it is admitted only
 where all n fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
 
@@ -77,8 +81,9 @@ class Scheduler:
 
     def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
                  mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False,
-                 lookup: Callable[[Sequence], int] | None = None) -> None:
-        """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache)."""
+                 lookup: Callable[[Sequence], int] | None = None, max_loras: int | None = None) -> None:
+        """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache);
+        `max_loras`: distinct adapters the running sequences may have (None: LoRA off)."""
         self.max_running_seqs = max_running_seqs
         self.packs_mixed_steps = packs_mixed_steps
         self.max_batch_tokens = max_batch_tokens
@@ -88,6 +93,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.reserved = 0  # running slots promised to the other choices of admitted n > 1 requests, not yet started
         self.lookup = lookup
+        self.max_loras = max_loras
 
     @property
     def has_work(self) -> bool:
@@ -127,16 +133,15 @@ class Scheduler:
         if len(decode) < len(self.running):  # a long prompt: nothing else is admitted until it is in
             seq = self.prefilling
             return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))])
-        room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
-        cached = self._cached(self.waiting[0]) if room else 0
-        if decode and room and self.waiting[0].prompt_len - cached > budget:  # its rest goes over several steps
-            seq = self.waiting.popleft()
-            self._admit(seq, cached)
-            return SchedulerOutput(decode, [Span(seq, cached, cached + budget)])
+        head = self._head()
+        room = head is not None and self.used + head.slots <= self.max_running_seqs
+        cached = self._cached(head) if room else 0
+        if decode and room and head.prompt_len - cached > budget:  # its rest goes over several steps
+            self._admit(head, cached)
+            return SchedulerOutput(decode, [Span(head, cached, cached + budget)])
         admitted: list[Span] = []
         longest = total = 0
-        while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
-            seq = self.waiting[0]
+        while (seq := self._head()) is not None and self.used + seq.slots <= self.max_running_seqs:
             cached = self._cached(seq) if admitted else cached
             rest = seq.prompt_len - cached  # what its prefill costs: the positions after its cached prefix
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
@@ -144,7 +149,7 @@ class Scheduler:
             cost = total + rest if decode and self.packs_mixed_steps else padded
             if admitted and (cost > budget or padded > self.max_batch_tokens):
                 break
-            self._admit(self.waiting.popleft(), cached)
+            self._admit(seq, cached)
             admitted.append(Span(seq, cached, seq.prompt_len))
             longest = max(longest, rest)
             total += rest
@@ -153,7 +158,20 @@ class Scheduler:
     def _cached(self, seq: Sequence) -> int:
         return self.lookup(seq) if self.lookup is not None else 0
 
+    def _head(self) -> Sequence | None:
+        """The next waiting sequence to admit: the first, or with adapters the first whose adapter may run beside the
+        running ones' (max_loras)."""
+        if self.max_loras is None:
+            return self.waiting[0] if self.waiting else None
+        active = {s.adapter for s in self.running if s.adapter is not None}
+        full = len(active) >= self.max_loras
+        return next((s for s in self.waiting if s.adapter is None or not full or s.adapter in active), None)
+
     def _admit(self, seq: Sequence, cached: int) -> None:
+        if self.waiting[0] is seq:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(seq)
         seq.status = SeqStatus.RUNNING
         seq.computed = seq.cached = cached
         self.running.append(seq)

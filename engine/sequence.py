@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
     import xgrammar as xgr
 
+    from engine.lora import LoraAdapter
     from engine.models.base import Prompt
     from engine.outbox import Listener
     from engine.prefix_cache import PrefixKeys
@@ -74,6 +75,7 @@ class Sequence:
     prompt: Prompt | None = None  # its merged prompt, made at its first part, until its prompt is in
     slot: int | None = None  # its row's slot in the batch (while its prompt is prefilled in parts: its columns')
     prefix_keys: PrefixKeys | None = None  # the prefix cache's keys of its prompt's whole blocks (None: not cached)
+    adapter: LoraAdapter | None = None  # the LoRA adapter it runs under (engine/lora/); None: the base model
     # --- sampling state, made when its prompt is in (engine/sampler.py Sampler.start) ---
     grammar: xgr.CompiledGrammar | None = None  # its structured output's compiled grammar
     matcher: xgr.GrammarMatcher | None = None  # where its output is in that grammar (engine/grammar_masks.py)

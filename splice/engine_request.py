@@ -35,6 +35,7 @@ class EngineRequest:
     tensors: list[NamedTensor] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model_fingerprint: str = ""  # ModelInfo.fingerprint the request was validated against ("" = unchecked)
+    lora: str = ""  # the LoRA adapter it runs under, by the name the engine serves it as ("" = the base model)
     # engine-side, never on the wire: the content keys of its image pieces (engine/encoder_cache.py), hashed beside
     # validation off the engine loop; None = hashed at the prompt's merge
     image_keys: list[str] | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -29,6 +29,10 @@ from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
 from splice.request_rules import check_finite, check_float_dtype
+
+if TYPE_CHECKING:
+    from engine.lora.adapter import LoraAdapter
+    from engine.lora.apply import LoraState
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Prompt:
     # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not;
     # engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
+    adapter: LoraAdapter | None = None  # the LoRA adapter its positions run under (None: the base model)
 
     @property
     def next_position(self) -> int:
@@ -165,6 +170,8 @@ class ModelFamily:
         self.images: ImageGeometry | None = None
         # vision-tower outputs by picture content (engine/encoder_cache.py); None = off. The loader sets it.
         self.encoder_cache: EncoderCache | None = None
+        # the adapters of the forward running now (engine/lora/apply.py); None = LoRA off. The loader sets it.
+        self.lora: LoraState | None = None
         use_grouped_sdpa(model)
 
     # --- loading -------------------------------------------------------------------------------------

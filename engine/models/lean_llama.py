@@ -96,6 +96,9 @@ class LeanLayer:
         self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
         self.gate_up = Linear(*fuse([mlp.gate_proj, mlp.up_proj]))
         self.down = Linear(mlp.down_proj.weight, mlp.down_proj.bias)
+        # each linear's HF modules, in output order: where LoRA adapters add their deltas (engine/lora/sites.py)
+        self.fused = (("qkv", (attn.q_proj, attn.k_proj, attn.v_proj)), ("o", (attn.o_proj,)),
+                      ("gate_up", (mlp.gate_proj, mlp.up_proj)), ("down", (mlp.down_proj,)))
         act = getattr(mlp.config, "hidden_act", None)
         self.act = F.silu if act in ("silu", "swish") else mlp.act_fn  # HF's module for anything else
         self.ln1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon

@@ -239,3 +239,21 @@ def test_update_ends_rows_on_stop_ids_length_and_complete_grammars_and_returns_t
     assert [x.finish_reason for x in ended] == [FinishReason.STOP, FinishReason.LENGTH, FinishReason.STOP]
     assert length.logprobs == [-0.5] and going.output_ids == [7] and going.computed == 4
     assert step(s).decode == [going] and going.computed == 5
+
+
+def test_max_loras_bounds_the_adapters_running_together():
+    """A waiting sequence whose adapter would be one adapter too many waits; those behind it that fit (the base, a
+    running adapter) are admitted before it; it is admitted once an adapter's sequences have left."""
+    a, b, c = "adapter-a", "adapter-b", "adapter-c"  # (any hashable stands for an adapter: the scheduler only counts)
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=64, max_queue=8, max_loras=2)
+    seqs = [seq(rid=r, max_tokens=m) for r, m in (("a", 2), ("b", 9), ("c", 9), ("base", 9), ("a2", 9))]
+    for x, adapter in zip(seqs, (a, b, c, None, a), strict=True):
+        x.adapter = adapter
+        s.add(x)
+    first = admitted(step(s))
+    assert [x.request_id for x in first] == ["a", "b", "base", "a2"]  # c waits: a and b run
+    assert {x.adapter for x in s.running if x.adapter} == {a, b}
+    while any(x.request_id in ("a", "a2") for x in s.running):
+        assert not admitted(step(s))
+    assert [x.request_id for x in admitted(step(s))] == ["c"]
+    assert len({x.adapter for x in s.running if x.adapter}) <= 2
