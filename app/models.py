@@ -7,6 +7,8 @@ from difflib import get_close_matches
 from pathlib import Path
 
 from app.hub import NotOnHub, fetch
+from app.loras import ensure_lora
+from app.loras import parse as parse_lora
 from app.real_model import REAL_MODELS, ensure_real
 from app.tiny import TINY_MODELS, ensure
 from splice.errors import FailedPrecondition
@@ -32,6 +34,8 @@ def resolve_model(name_or_path: str, progress: Callable[[str], None] | None = No
         return str(ensure(name_or_path, progress=progress))
     if name_or_path in REAL_MODELS:
         return str(ensure_real(name_or_path, progress=progress))
+    if parse_lora(name_or_path) is not None:  # a built-in LoRA adapter (--lora-modules NAME=tiny-text-lora)
+        return str(ensure_lora(name_or_path, progress=progress))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS, GPU_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
+from splice.lora_modules import parse_lora_modules
 from splice.ports import Listen, first_unbindable
 from splice.sampling import DEFAULT_STRUCTURED_CACHE_MB, DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 from splice.security import ENGINE_KEY_ENV, server_tls
@@ -81,6 +82,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per 512 prompt positions), with deterministic logits, so the scheduler, sampler and both "
                              "gRPC hops are measured at GPU speed on any machine; weights are still loaded "
                              "(default: off)")
+    lora = parser.add_argument_group("LoRA adapters (vLLM's flags)")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="serve LoRA adapters in PEFT's format, picked per request by name (a request's `model`)")
+    lora.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                      help="adapters served from the start: NAME=PATH or vLLM's JSON {\"name\": ..., \"path\": ...}; "
+                           "PATH a PEFT folder or a built-in adapter's name (e.g. tiny-text-lora)")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="distinct adapters one step's batch may hold; requests under another wait (default: 1)")
+    lora.add_argument("--max-lora-rank", type=int, default=16,
+                      help="an adapter of a larger rank is refused at load (default: 16)")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept in memory, least recently used dropped and read again when asked for "
+                           "(default: --max-loras)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests that may wait for a running slot; beyond it RESOURCE_EXHAUSTED")
     parser.add_argument("--max-inflight-tensor-bytes", type=int, default=4 << 30,
@@ -105,9 +119,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
-def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
-    """The engine's flags as an EngineConfig for the model in `folder`; ValueError names a flag out of range."""
+def config_from_args(args: argparse.Namespace, folder: str, resolve: Resolve | None = None) -> EngineConfig:
+    """The engine's flags as an EngineConfig for the model in `folder` (`resolve`: an adapter's PATH that is no
+    folder -> its folder); ValueError names a flag out of range."""
     from engine.config import EngineConfig, auto_torch_threads
+
+    loras = parse_lora_modules(args.lora_modules)
+    if resolve is not None:
+        loras = tuple((name, path if os.path.isdir(path) else resolve(path)) for name, path in loras)
 
     return EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                         max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
@@ -121,6 +140,8 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         encoder_cache_mb=args.encoder_cache_mb,
                         enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
                         prefix_cache_mb=args.prefix_cache_mb, simulate_forward_ms=args.simulate_forward_ms,
+                        enable_lora=args.enable_lora, lora_modules=loras, max_loras=args.max_loras,
+                        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)))
 
@@ -133,7 +154,7 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"engine metrics on {exporter.address}", flush=True)
     folder = resolve(args.model)
-    cfg = config_from_args(args, folder)
+    cfg = config_from_args(args, folder, resolve)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
                           max_connection_age=args.max_connection_age)

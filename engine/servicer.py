@@ -7,7 +7,8 @@ at the stream's half-close, which comes in a later frame: the half-close (or a p
 beside the generation.
 GenerateWhole (the same parts in one message) is checked as that stream is, all at once.
 Multiplex carries many GenerateWhole calls on one stream, a step's outputs in one message (engine/multiplex.py).
-ResetPrefixCache forgets this replica's cached prefixes (the preprocessor calls every replica).
+ResetPrefixCache forgets this replica's cached prefixes (the preprocessor calls every replica); ListLoraAdapters,
+LoadLoraAdapter and UnloadLoraAdapter say, add and remove the LoRA adapters it serves.
 Every Generate ends with the replica's load in its trailers (splice/load_report.py), which the
 preprocessor's weighted round robin reads, and is refused when its model fingerprint is not this engine's.
 """
@@ -240,3 +241,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         await engine.reset_prefix_cache()  # (done by the engine thread at its next step boundary)
         PREFIX_CACHE_RESETS.inc()
         return engine_pb2.ResetPrefixCacheResponse()
+
+    async def ListLoraAdapters(self, request: engine_pb2.ListLoraAdaptersRequest,
+                               context: grpc.aio.ServicerContext) -> engine_pb2.ListLoraAdaptersResponse:
+        engine = self._ready()
+        return engine_pb2.ListLoraAdaptersResponse(
+            adapters=[engine_pb2.LoraAdapter(name=n, path=p) for n, p in engine.lora_adapters.items()],
+            enabled=engine.loras is not None)
+
+    async def LoadLoraAdapter(self, request: engine_pb2.LoadLoraAdapterRequest,
+                              context: grpc.aio.ServicerContext) -> engine_pb2.LoadLoraAdapterResponse:
+        await self._ready().load_lora(request.lora_name, request.lora_path)
+        return engine_pb2.LoadLoraAdapterResponse()
+
+    async def UnloadLoraAdapter(self, request: engine_pb2.UnloadLoraAdapterRequest,
+                                context: grpc.aio.ServicerContext) -> engine_pb2.UnloadLoraAdapterResponse:
+        self._ready().unload_lora(request.lora_name)
+        return engine_pb2.UnloadLoraAdapterResponse()

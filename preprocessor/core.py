@@ -141,9 +141,10 @@ class PreprocessorCore:
         return normalize_complete(parts, sampling or SamplingParams(), self._request_id(request_id), self.files,
                                   self.info, self.limits, add_special_tokens)
 
-    async def prepare_chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "") -> Prepared:
+    async def prepare_chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
+                           lora: str = "") -> Prepared:
         """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
-        contacted."""
+        contacted. `lora`: the LoRA adapter it runs under (its name, already checked: preprocessor/loras.py)."""
         arrival = time.perf_counter()
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS) with plain template arguments and no structured output: checking a spec,
@@ -153,6 +154,7 @@ class PreprocessorCore:
         await inline_or_thread(inline, self._check_chat, conv, sampling)
         rendered = await self._prerendered(conv)
         normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
+        normalized.request.lora = lora
         _record("chat", normalized, arrival, conv.image_count)
         return Prepared("chat", (normalized,), arrival)
 
@@ -162,7 +164,7 @@ class PreprocessorCore:
         _check_prompt_logprobs(sampling, conv.parts(Embeds))
 
     async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
-                               request_id: str = "", add_special_tokens: bool = True) -> Prepared:
+                               request_id: str = "", add_special_tokens: bool = True, lora: str = "") -> Prepared:
         """Each prompt normalized as its own engine request (request ID `request_id`-i when there are several),
         all of them before any reaches the engine: one bad prompt refuses the whole request. `add_special_tokens`:
         text prompts get the tokenizer's special tokens (BOS), vLLM's default (normalize_complete)."""
@@ -189,6 +191,7 @@ class PreprocessorCore:
 
         normalized = await inline_or_thread(_inline(p for prompt in prompts for p in prompt), normalize_all)
         for n in normalized:
+            n.request.lora = lora
             _record("complete", n, arrival, 0)
         return Prepared("complete", tuple(normalized), arrival)
 
@@ -206,18 +209,18 @@ class PreprocessorCore:
         return sum(n.request.sampling.n * min(n.request.sampling.max_tokens or room, room - n.request.prompt_len)
                    for n in prepared.prompts)
 
-    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "",
+    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "", lora: str = "",
                    ) -> AsyncIterator[GenerationChunk]:
-        prepared = await self.prepare_chat(conv, sampling, request_id)
+        prepared = await self.prepare_chat(conv, sampling, request_id, lora)
         # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
         async with aclosing(self.generate(prepared)) as chunks:
             async for _, chunk in chunks:
                 yield chunk
 
     async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
-                       add_special_tokens: bool = True) -> AsyncIterator[GenerationChunk]:
+                       add_special_tokens: bool = True, lora: str = "") -> AsyncIterator[GenerationChunk]:
         """One prompt of any parts (the gRPC Complete)."""
-        prepared = await self.prepare_complete([parts], sampling, request_id, add_special_tokens)
+        prepared = await self.prepare_complete([parts], sampling, request_id, add_special_tokens, lora)
         async with aclosing(self.generate(prepared)) as chunks:
             async for _, chunk in chunks:
                 yield chunk

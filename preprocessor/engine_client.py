@@ -16,7 +16,7 @@ from contextlib import aclosing
 import grpc
 
 from preprocessor.engine_multiplex import MultiplexedCalls
-from preprocessor.engine_replicas import ReplicaFailure, reset_every_replica
+from preprocessor.engine_replicas import ReplicaFailure, call_every_replica, reset_every_replica
 from splice.engine_output import EngineOutput
 from splice.engine_request import EngineRequest
 from splice.engine_wire import encode_header, encode_request, encode_whole
@@ -112,6 +112,25 @@ class EngineClient:
             raise map_rpc_error(exc, self.target) from None
         finally:
             call.cancel()  # no-op when the call already ended
+
+    async def lora_adapters(self, timeout: float = 5.0) -> tuple[bool, dict[str, str]]:
+        """(whether the engine serves adapters, name -> folder of each) from one replica."""
+        try:
+            pb = await self._stub.ListLoraAdapters(engine_pb2.ListLoraAdaptersRequest(), timeout=timeout,
+                                                   metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, self.target) from None
+        return pb.enabled, {a.name: a.path for a in pb.adapters}
+
+    async def load_lora_adapter(self, name: str, path: str) -> tuple[list[str], list[ReplicaFailure]]:
+        """LoadLoraAdapter on every replica behind the target: the addresses that serve it now, and those that
+        failed."""
+        return await call_every_replica(self.target, self._tls, self._api_key, "LoadLoraAdapter",
+                                        engine_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path))
+
+    async def unload_lora_adapter(self, name: str) -> tuple[list[str], list[ReplicaFailure]]:
+        return await call_every_replica(self.target, self._tls, self._api_key, "UnloadLoraAdapter",
+                                        engine_pb2.UnloadLoraAdapterRequest(lora_name=name))
 
     async def reset_prefix_cache(self) -> tuple[list[str], list[ReplicaFailure]]:
         """ResetPrefixCache on every replica behind the target, each on its own channel (this one's balancing

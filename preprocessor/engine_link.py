@@ -23,6 +23,7 @@ from preprocessor.core import PreprocessorCore
 from preprocessor.engine_client import EngineClient
 from preprocessor.engine_replicas import ReplicaFailure
 from preprocessor.limits import Limits
+from preprocessor.loras import LoraCatalog
 from preprocessor.metrics import ENGINE_CONNECTED
 from preprocessor.model_files import ModelFiles, load_model_files
 from preprocessor.template_sandbox import TemplateSandbox
@@ -49,6 +50,7 @@ class EngineLink:
             raise ValueError("pass exactly one of target= or core=")
         self._core = core
         self._client = EngineClient(target, engine_tls, engine_api_key, engine_multiplex) if target else None
+        self.loras = LoraCatalog(self._client)  # the engine's LoRA adapters (preprocessor/loras.py)
         self._model = model  # where the model files come from; default: the model the engine reports
         self._limits = limits or Limits()
         # One sandbox for every core this link builds (a core is rebuilt when the engine's model changes).
@@ -118,6 +120,7 @@ class EngineLink:
                     files = await asyncio.to_thread(self._load, info)
                     self._core = PreprocessorCore(files, info, self._client, self._limits, self._sandbox)
                     log.info("serving %s (engine %s)", info.model, self._client.target)
+                    await self.loras.refresh()
                 if not self.serving:
                     await self._set_serving(True)
             except Exception as exc:  # the watcher must outlive any failure, or the link never recovers

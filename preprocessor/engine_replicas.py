@@ -1,5 +1,6 @@
 """Every engine replica behind the preprocessor's `--engine` target, each reached on its own: for what must happen on
-all of them (a prefix cache reset), where the link's balanced channel reaches only one replica per call.
+all of them (a prefix cache reset, a LoRA adapter loaded or unloaded), where the link's balanced channel reaches only
+one replica per call.
 
 The target's forms (docs/operations.md): `HOST:PORT` is one engine (called through the target itself, so gRPC picks
 whichever of the name's addresses answers); `ipv4:H1:P1,H2:P2` and `ipv6:[A1]:P1,...` list the replicas;
@@ -70,14 +71,14 @@ async def replicas(target: str) -> list[Replica]:
     return [Replica(target, target)]
 
 
-async def reset_prefix_cache(replica: Replica, tls: ClientTLS | None, api_key: str | None) -> None:
-    """One replica's ResetPrefixCache on a channel of its own; grpc.aio.AioRpcError when it fails."""
+async def call_replica(replica: Replica, tls: ClientTLS | None, api_key: str | None, method: str, request) -> None:
+    """One replica's unary `method` (an Engine RPC's name) on a channel of its own; grpc.aio.AioRpcError when it
+    fails."""
     options = list(CLIENT_OPTIONS)
     if tls is not None and replica.host is not None:
         options.append(("grpc.ssl_target_name_override", replica.host))
     async with channel(replica.target, tls, options, aio=True) as ch:
-        await engine_pb2_grpc.EngineStub(ch).ResetPrefixCache(engine_pb2.ResetPrefixCacheRequest(),
-                                                               timeout=RESET_TIMEOUT, metadata=bearer(api_key))
+        await getattr(engine_pb2_grpc.EngineStub(ch), method)(request, timeout=RESET_TIMEOUT, metadata=bearer(api_key))
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,16 @@ class ReplicaFailure:
     message: str
 
 
-async def reset_every_replica(target: str, tls: ClientTLS | None, api_key: str | None,
-                              ) -> tuple[list[str], list[ReplicaFailure]]:
-    """ResetPrefixCache on every replica behind `target`, all at once: the addresses reset, and those that failed
+async def call_every_replica(target: str, tls: ClientTLS | None, api_key: str | None, method: str, request,
+                             ) -> tuple[list[str], list[ReplicaFailure]]:
+    """`method` on every replica behind `target`, all at once: the addresses it succeeded on, and those that failed
     (a name that does not resolve is one failure, named by the target)."""
     try:
         found = await replicas(target)
     except OSError as exc:
         return [], [ReplicaFailure(target, "UNAVAILABLE", f"cannot resolve the engine target: {exc}")]
-    results = await asyncio.gather(*(reset_prefix_cache(r, tls, api_key) for r in found), return_exceptions=True)
+    results = await asyncio.gather(*(call_replica(r, tls, api_key, method, request) for r in found),
+                                   return_exceptions=True)
     done, failed = [], []
     for replica, result in zip(found, results, strict=True):
         if isinstance(result, grpc.aio.AioRpcError):
@@ -105,3 +107,9 @@ async def reset_every_replica(target: str, tls: ClientTLS | None, api_key: str |
         else:
             done.append(replica.address)
     return done, failed
+
+
+async def reset_every_replica(target: str, tls: ClientTLS | None, api_key: str | None,
+                              ) -> tuple[list[str], list[ReplicaFailure]]:
+    """ResetPrefixCache on every replica behind `target`: the addresses reset, and those that failed."""
+    return await call_every_replica(target, tls, api_key, "ResetPrefixCache", engine_pb2.ResetPrefixCacheRequest())

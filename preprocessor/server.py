@@ -70,7 +70,7 @@ class PreprocessorServer:
         tls = self.security.tls
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), *SERVER_OPTIONS])
         guard.register(preprocessor_pb2_grpc.add_PreprocessorServicer_to_server,
-                       PreprocessorServicer(self.link.core, self.admission), server)
+                       PreprocessorServicer(self.link.core, self.admission, self.link.loras), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         guard.register(reflection_pb2_grpc.add_ServerReflectionServicer_to_server,
                        reflection.aio.ReflectionServicer([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]),

@@ -12,6 +12,7 @@ from preprocessor.admission import Admission, Ticket
 from preprocessor.content import Conversation
 from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb, tools_from_pb
 from preprocessor.core import PreprocessorCore
+from preprocessor.loras import LoraCatalog, not_served
 from preprocessor.request_bounds import INLINE_REQUEST_BYTES, check_counts_only
 from preprocessor.tools.answer import tool_chunks
 from preprocessor.tools.choice import constrain, constraint_for
@@ -67,19 +68,30 @@ async def _decoded_chat(core: PreprocessorCore, request: preprocessor_pb2.ChatRe
 
 
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
-    def __init__(self, core: Callable[[], PreprocessorCore], admission: Admission | None = None) -> None:
+    def __init__(self, core: Callable[[], PreprocessorCore], admission: Admission | None = None,
+                 loras: LoraCatalog | None = None) -> None:
         # A getter, not the core: the engine link swaps the core when the engine (re)appears; it raises
         # Unavailable while there is none.
         self._core = core
         # Unary-request calls are admitted by the call guard; Upload here, by the size it declares.
         self._admission = admission or Admission()
+        self._loras = loras  # the engine's LoRA adapters (None: none served)
+
+    async def _lora(self, name: str) -> str:
+        """A request's lora_name, checked before any of its work is done: NOT_FOUND for a name not served."""
+        if not name:
+            return ""
+        if self._loras is None:
+            raise not_served(name)
+        return await self._loras.check(name)
 
     async def Chat(self, request: preprocessor_pb2.ChatRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
+        lora = await self._lora(request.lora_name)
         tools, conv, sampling = await _decoded_chat(core, request)
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
-        async with aclosing(tool_chunks(core.chat(conv, sampling, request.request_id), tools,
+        async with aclosing(tool_chunks(core.chat(conv, sampling, request.request_id, lora), tools,
                                         core.tool_parser)) as chunks:
             async for chunk in chunks:
                 for pb in chunk.to_pbs():
@@ -88,10 +100,11 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Complete(self, request: preprocessor_pb2.CompleteRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
+        lora = await self._lora(request.lora_name)
         parts, sampling = await inline_or_thread(request.ByteSize() <= INLINE_REQUEST_BYTES, lambda: (
             prompt_from_pb(request), _sampling(core, request.sampling)))
-        async with aclosing(core.complete(parts, sampling, request.request_id,
-                                          add_special_tokens_from_pb(request))) as chunks:
+        async with aclosing(core.complete(parts, sampling, request.request_id, add_special_tokens_from_pb(request),
+                                          lora)) as chunks:
             async for chunk in chunks:
                 for pb in chunk.to_pbs():
                     yield pb
@@ -118,12 +131,13 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             if tickets:
                 tickets[0].place()
             request, streamed = upload.finish()
+            lora = await self._lora(request.lora_name)
             if isinstance(request, preprocessor_pb2.ChatRequest):
                 tools, conv, sampling = await _decoded_chat(core, request, streamed)
-                chunks = tool_chunks(core.chat(conv, sampling, request.request_id), tools, core.tool_parser)
+                chunks = tool_chunks(core.chat(conv, sampling, request.request_id, lora), tools, core.tool_parser)
             else:
                 chunks = core.complete(prompt_from_pb(request, streamed), _sampling(core, request.sampling),
-                                       request.request_id, add_special_tokens_from_pb(request))
+                                       request.request_id, add_special_tokens_from_pb(request), lora)
             async with aclosing(chunks) as chunks:
                 async for chunk in chunks:
                     for pb in chunk.to_pbs():

@@ -32,6 +32,7 @@ def encode_header(req: EngineRequest) -> engine_pb2.GenerateRequestPart:
                  for t in req.tensors],
         sampling=req.sampling.to_pb(),
         model_fingerprint=req.model_fingerprint,
+        lora_name=req.lora,
     )
     return engine_pb2.GenerateRequestPart(header=header)
 
@@ -119,4 +120,5 @@ class RequestAssembler:
             tensors=tensors,
             sampling=SamplingParams.from_pb(header.sampling),
             model_fingerprint=header.model_fingerprint,
+            lora=header.lora_name,
         )

@@ -25,33 +25,47 @@ _sym_db = _symbol_database.Default()
 from splice.v1 import common_pb2 as splice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/engine.proto\x12\tsplice.v1\x1a\x16splice/v1/common.proto\"\x19\n\x17ResetPrefixCacheRequest\"\x1a\n\x18ResetPrefixCacheResponse\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xd2\x01\n\x0eGenerateHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x03 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12&\n\x07tensors\x18\x04 \x03(\x0b\x32\x15.splice.v1.TensorMeta\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\"s\n\x13GenerateRequestPart\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.splice.v1.GenerateHeaderH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"@\n\x0fGenerateRequest\x12-\n\x05parts\x18\x01 \x03(\x0b\x32\x1e.splice.v1.GenerateRequestPart\"\xf8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\x12\x32\n\x0fprompt_logprobs\x18\x07 \x01(\x0b\x32\x19.splice.v1.PromptLogprobs\x12\r\n\x05index\x18\x08 \x01(\r\"l\n\x10MultiplexRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x05start\x18\x02 \x01(\x0b\x32\x1a.splice.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x42\x08\n\x06\x61\x63tion\"y\n\rMultiplexItem\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x1b.splice.v1.GenerateResponse\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"<\n\x11MultiplexResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.splice.v1.MultiplexItem2\x90\x03\n\x06\x45ngine\x12K\n\x08Generate\x12\x1e.splice.v1.GenerateRequestPart\x1a\x1b.splice.v1.GenerateResponse(\x01\x30\x01\x12J\n\rGenerateWhole\x12\x1a.splice.v1.GenerateRequest\x1a\x1b.splice.v1.GenerateResponse0\x01\x12J\n\tMultiplex\x12\x1b.splice.v1.MultiplexRequest\x1a\x1c.splice.v1.MultiplexResponse(\x01\x30\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfo\x12[\n\x10ResetPrefixCache\x12\".splice.v1.ResetPrefixCacheRequest\x1a#.splice.v1.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16splice/v1/engine.proto\x12\tsplice.v1\x1a\x16splice/v1/common.proto\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x19\n\x17ListLoraAdaptersRequest\"U\n\x18ListLoraAdaptersResponse\x12(\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32\x16.splice.v1.LoraAdapter\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\">\n\x16LoadLoraAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\x12\x11\n\tlora_path\x18\x02 \x01(\t\"\x19\n\x17LoadLoraAdapterResponse\"-\n\x18UnloadLoraAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\"\x1b\n\x19UnloadLoraAdapterResponse\"\x19\n\x17ResetPrefixCacheRequest\"\x1a\n\x18ResetPrefixCacheResponse\"8\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xe5\x01\n\x0eGenerateHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x0b\x65mbed_spans\x18\x03 \x03(\x0b\x32\x14.splice.v1.EmbedSpan\x12&\n\x07tensors\x18\x04 \x03(\x0b\x32\x15.splice.v1.TensorMeta\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.splice.v1.SamplingParams\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12\x11\n\tlora_name\x18\x07 \x01(\t\"s\n\x13GenerateRequestPart\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.splice.v1.GenerateHeaderH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.splice.v1.TensorChunkH\x00\x42\x06\n\x04part\"@\n\x0fGenerateRequest\x12-\n\x05parts\x18\x01 \x03(\x0b\x32\x1e.splice.v1.GenerateRequestPart\"\xf8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.splice.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.splice.v1.Usage\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\x12\x32\n\x0fprompt_logprobs\x18\x07 \x01(\x0b\x32\x19.splice.v1.PromptLogprobs\x12\r\n\x05index\x18\x08 \x01(\r\"l\n\x10MultiplexRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x05start\x18\x02 \x01(\x0b\x32\x1a.splice.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x42\x08\n\x06\x61\x63tion\"y\n\rMultiplexItem\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x1b.splice.v1.GenerateResponse\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"<\n\x11MultiplexResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.splice.v1.MultiplexItem2\xa7\x05\n\x06\x45ngine\x12K\n\x08Generate\x12\x1e.splice.v1.GenerateRequestPart\x1a\x1b.splice.v1.GenerateResponse(\x01\x30\x01\x12J\n\rGenerateWhole\x12\x1a.splice.v1.GenerateRequest\x1a\x1b.splice.v1.GenerateResponse0\x01\x12J\n\tMultiplex\x12\x1b.splice.v1.MultiplexRequest\x1a\x1c.splice.v1.MultiplexResponse(\x01\x30\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.splice.v1.GetModelInfoRequest\x1a\x14.splice.v1.ModelInfo\x12[\n\x10ResetPrefixCache\x12\".splice.v1.ResetPrefixCacheRequest\x1a#.splice.v1.ResetPrefixCacheResponse\x12[\n\x10ListLoraAdapters\x12\".splice.v1.ListLoraAdaptersRequest\x1a#.splice.v1.ListLoraAdaptersResponse\x12X\n\x0fLoadLoraAdapter\x12!.splice.v1.LoadLoraAdapterRequest\x1a\".splice.v1.LoadLoraAdapterResponse\x12^\n\x11UnloadLoraAdapter\x12#.splice.v1.UnloadLoraAdapterRequest\x1a$.splice.v1.UnloadLoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splice.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=61
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=86
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=88
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=114
-  _globals['_TENSORMETA']._serialized_start=116
-  _globals['_TENSORMETA']._serialized_end=172
-  _globals['_GENERATEHEADER']._serialized_start=175
-  _globals['_GENERATEHEADER']._serialized_end=385
-  _globals['_GENERATEREQUESTPART']._serialized_start=387
-  _globals['_GENERATEREQUESTPART']._serialized_end=502
-  _globals['_GENERATEREQUEST']._serialized_start=504
-  _globals['_GENERATEREQUEST']._serialized_end=568
-  _globals['_GENERATERESPONSE']._serialized_start=571
-  _globals['_GENERATERESPONSE']._serialized_end=819
-  _globals['_MULTIPLEXREQUEST']._serialized_start=821
-  _globals['_MULTIPLEXREQUEST']._serialized_end=929
-  _globals['_MULTIPLEXITEM']._serialized_start=931
-  _globals['_MULTIPLEXITEM']._serialized_end=1052
-  _globals['_MULTIPLEXRESPONSE']._serialized_start=1054
-  _globals['_MULTIPLEXRESPONSE']._serialized_end=1114
-  _globals['_ENGINE']._serialized_start=1117
-  _globals['_ENGINE']._serialized_end=1517
+  _globals['_LORAADAPTER']._serialized_start=61
+  _globals['_LORAADAPTER']._serialized_end=102
+  _globals['_LISTLORAADAPTERSREQUEST']._serialized_start=104
+  _globals['_LISTLORAADAPTERSREQUEST']._serialized_end=129
+  _globals['_LISTLORAADAPTERSRESPONSE']._serialized_start=131
+  _globals['_LISTLORAADAPTERSRESPONSE']._serialized_end=216
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_start=218
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_end=280
+  _globals['_LOADLORAADAPTERRESPONSE']._serialized_start=282
+  _globals['_LOADLORAADAPTERRESPONSE']._serialized_end=307
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_start=309
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_end=354
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_start=356
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_end=383
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=385
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=410
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=412
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=438
+  _globals['_TENSORMETA']._serialized_start=440
+  _globals['_TENSORMETA']._serialized_end=496
+  _globals['_GENERATEHEADER']._serialized_start=499
+  _globals['_GENERATEHEADER']._serialized_end=728
+  _globals['_GENERATEREQUESTPART']._serialized_start=730
+  _globals['_GENERATEREQUESTPART']._serialized_end=845
+  _globals['_GENERATEREQUEST']._serialized_start=847
+  _globals['_GENERATEREQUEST']._serialized_end=911
+  _globals['_GENERATERESPONSE']._serialized_start=914
+  _globals['_GENERATERESPONSE']._serialized_end=1162
+  _globals['_MULTIPLEXREQUEST']._serialized_start=1164
+  _globals['_MULTIPLEXREQUEST']._serialized_end=1272
+  _globals['_MULTIPLEXITEM']._serialized_start=1274
+  _globals['_MULTIPLEXITEM']._serialized_end=1395
+  _globals['_MULTIPLEXRESPONSE']._serialized_start=1397
+  _globals['_MULTIPLEXRESPONSE']._serialized_end=1457
+  _globals['_ENGINE']._serialized_start=1460
+  _globals['_ENGINE']._serialized_end=2139
 # @@protoc_insertion_point(module_scope)

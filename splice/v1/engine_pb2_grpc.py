@@ -60,6 +60,21 @@ class EngineStub:
                 request_serializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
                 response_deserializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
                 _registered_method=True)
+        self.ListLoraAdapters = channel.unary_unary(
+                '/splice.v1.Engine/ListLoraAdapters',
+                request_serializer=splice_dot_v1_dot_engine__pb2.ListLoraAdaptersRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.ListLoraAdaptersResponse.FromString,
+                _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/splice.v1.Engine/LoadLoraAdapter',
+                request_serializer=splice_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.LoadLoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/splice.v1.Engine/UnloadLoraAdapter',
+                request_serializer=splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -106,6 +121,28 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLoraAdapters(self, request, context):
+        """LoRA adapters (an engine started with --enable-lora): the ones served, by name; serving one more from a PEFT
+        folder on the engine's machine (INVALID_ARGUMENT naming it when it cannot be served or its name is taken), and
+        no longer serving one (NOT_FOUND for a name not served). FAILED_PRECONDITION with LoRA off. The preprocessor
+        calls each replica behind its target for the last two (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadLoraAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +170,21 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.ResetPrefixCache,
                     request_deserializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.FromString,
                     response_serializer=splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.SerializeToString,
+            ),
+            'ListLoraAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLoraAdapters,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.ListLoraAdaptersRequest.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.ListLoraAdaptersResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.LoadLoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +322,87 @@ class Engine:
             '/splice.v1.Engine/ResetPrefixCache',
             splice_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
             splice_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLoraAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splice.v1.Engine/ListLoraAdapters',
+            splice_dot_v1_dot_engine__pb2.ListLoraAdaptersRequest.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.ListLoraAdaptersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splice.v1.Engine/LoadLoraAdapter',
+            splice_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.LoadLoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splice.v1.Engine/UnloadLoraAdapter',
+            splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            splice_dot_v1_dot_engine__pb2.UnloadLoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
