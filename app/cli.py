@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from app import lora_flags
 from app.real_model import REAL_MODELS
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
 from preprocessor.template_args import REASONING_EFFORTS
@@ -82,12 +83,14 @@ def _up(args: argparse.Namespace) -> int:
     extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
     extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
     extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
+    lora_engine, lora_pre = lora_flags.up_args(args)
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
                                   preprocessor_port=args.port, http_port=args.http_port,
-                                  engine_args=engine_args + shlex.split(args.engine_args),
-                                  preprocessor_args=preprocessor_args + extra + shlex.split(args.preprocessor_args),
+                                  engine_args=engine_args + lora_engine + shlex.split(args.engine_args),
+                                  preprocessor_args=(preprocessor_args + extra + lora_pre
+                                                     + shlex.split(args.preprocessor_args)),
                                   echo=echo)
     except StartFailed as exc:  # e.g. a busy port: the service's own one-line error, no traceback
         _say(f"splice up: {exc.name} did not start: {exc.reason}")
@@ -171,7 +174,7 @@ CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalt
                  "min_tokens", "top_logprobs", "prompt_logprobs", "n", "cache_salt")
 # ... and onto ChatRequest fields
 CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
-               "tool_choice", "parallel_tool_calls")
+               "tool_choice", "parallel_tool_calls", "lora")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -454,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
                    help="more `splice preprocessor` flags, e.g. '--trust-request-chat-template'")
+    lora_flags.add_up_arguments(p)
     p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
     p.set_defaults(func=_up, engine_key_generated=False)
 
@@ -461,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")
     p.add_argument("--target", default="127.0.0.1:50051", help="preprocessor HOST:PORT")
     p.add_argument("--system", default=None, help="a system message sent first")
+    p.add_argument("--lora", default=None, metavar="NAME", help="answer with the LoRA adapter served as NAME")
     p.add_argument("--image", action="append", metavar="PATH", help="image file (repeatable)")
     p.add_argument("--embeds", action="append", metavar="FILE.safetensors",
                    help="prompt embeddings [n, hidden], one tensor per file (repeatable)")

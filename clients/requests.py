@@ -58,7 +58,7 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
                  documents: Iterable[dict[str, str]] | None = None, reasoning_effort: str | None = None,
                  mm_processor_kwargs: dict | None = None, tools: Iterable[dict] | None = None,
                  tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
-                 deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
+                 lora: str = "", deferred: list[torch.Tensor] | None = None, **sampling: Any) -> pp.ChatRequest:
     """The chat fields mean what vLLM's do (preprocessor.proto's ChatRequest); None leaves a field to the
     server's default. `sampling` takes SamplingParams' fields by vLLM's names: temperature, top_p, top_k, seed,
     max_tokens, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, skip_special_tokens, presence_penalty,
@@ -66,11 +66,12 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
     include_stop_str_in_output, prompt_logprobs, logprob_token_ids, n, cache_salt; a structured output as
     `structured` (a StructuredOutput) or by vLLM's fields (response_format, structured_outputs, guided_json /
     guided_regex / guided_choice / guided_grammar).
-    `tools`, `tool_choice`, `parallel_tool_calls`: OpenAI's (a chunk's tool_calls carry the calls found). With
+    `tools`, `tool_choice`, `parallel_tool_calls`: OpenAI's (a chunk's tool_calls carry the calls found). `lora`:
+    the LoRA adapter to answer with, by the name the server serves it as ("": the base model). With
     `deferred`, tensor parts are declared without their bytes and the tensors appended there (Upload)."""
     req = pp.ChatRequest(request_id=request_id, messages=[to_message(m, deferred) for m in messages],
                          sampling=_sampling(sampling), continue_final_message=continue_final_message,
-                         add_special_tokens=add_special_tokens)
+                         add_special_tokens=add_special_tokens, lora_name=lora)
     if add_generation_prompt is not None:
         req.add_generation_prompt = add_generation_prompt
     if chat_template is not None:
@@ -96,9 +97,10 @@ def chat_request(messages: Iterable[Any], *, request_id: str = "", add_generatio
 
 @_client_errors
 def complete_request(prompt: Iterable[Any], *, request_id: str = "", deferred: list[torch.Tensor] | None = None,
-                     add_special_tokens: bool | None = None, **sampling: Any) -> pp.CompleteRequest:
+                     add_special_tokens: bool | None = None, lora: str = "", **sampling: Any) -> pp.CompleteRequest:
     """`prompt` items: list[int] (token IDs), str (text), torch.Tensor (prompt embeddings). `add_special_tokens`:
-    a prompt starting with text gets the tokenizer's BOS there; None: the server's default (yes, as vLLM)."""
+    a prompt starting with text gets the tokenizer's BOS there; None: the server's default (yes, as vLLM). `lora`:
+    as chat_request's."""
     parts = []
     for item in prompt:
         if isinstance(item, str):
@@ -116,7 +118,7 @@ def complete_request(prompt: Iterable[Any], *, request_id: str = "", deferred: l
                             "part (images need Chat)")
         else:
             parts.append(pp.PromptPart(prompt_embeds=declared_embeds(item, deferred)))
-    req = pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling))
+    req = pp.CompleteRequest(request_id=request_id, prompt=parts, sampling=_sampling(sampling), lora_name=lora)
     if add_special_tokens is not None:
         req.add_special_tokens = add_special_tokens
     return req

@@ -97,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that fit in one message share one Multiplex stream to the engine, which answers "
                              "with one message per step for all of them; a dns:, ipv4: or ipv6: --engine (replicas) "
                              "keeps one call per request, balanced by gRPC (default: %(default)s)")
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's switch, also "
+                             "$VLLM_ALLOW_RUNTIME_LORA_UPDATING), which load a PEFT folder on every engine replica "
+                             "(started with --enable-lora); they need --api-key's key like every route (default: off)")
     parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
                         help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port "
                              "only, a bare HOST ports 80 and 443 only (default: none)")
@@ -157,7 +162,8 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
                        drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
                        body_idle_timeout=args.upload_idle_timeout,
-                       max_connections=args.http_max_connections)
+                       max_connections=args.http_max_connections,
+                       allow_runtime_lora_updating=args.allow_runtime_lora_updating)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:

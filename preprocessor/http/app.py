@@ -25,6 +25,7 @@ from preprocessor.http.auth import KeyMiddleware
 from preprocessor.http.body import Caps, OffLoopJsonRoute
 from preprocessor.http.decode import conversation, decode_chat, decode_completion
 from preprocessor.http.errors import error_response, install_error_handlers
+from preprocessor.http.loras import adapter_cards, lora_routes, served
 from preprocessor.http.media import fetch_remote_images
 from preprocessor.http.options import HttpOptions
 from preprocessor.http.responses import ChatShape, Shape
@@ -148,14 +149,14 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        core = _core(link, body.model)
+        core, lora = await served(link, body.model)
         decoded = await decode_chat(core, body, len(await request.body()))
         tools, sampling = decoded.tools, decoded.sampling
         conv = await fetch_remote_images(decoded.conv, options, core.limits.max_image_bytes)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
-        shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
+        prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id, lora))
+        shape = ChatShape(request_id, body.model or core.info.model, core.token_texts, body.logprobs, include_usage,
                           prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                           listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
                           echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
@@ -168,13 +169,13 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        core = _core(link, body.model)
+        core, lora = await served(link, body.model)
         sampling, prompts = await decode_completion(body, len(await request.body()))
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
-                                                                           body.add_special_tokens))
-        shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
+                                                                           body.add_special_tokens, lora))
+        shape = Shape(request_id, body.model or core.info.model, core.token_texts, sampling.logprobs, include_usage,
                       prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
                       listed=bool(sampling.logprob_token_ids),
                       echo_prompts=_echo_prompts(core, body, prompts) if body.echo else None,
@@ -196,9 +197,12 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     @api.get("/v1/models")
     async def models() -> dict:
         info = _core(link, None).info
-        return {"object": "list", "data": [{"id": info.model, "object": "model", "created": int(time.time()),
+        created = int(time.time())
+        await link.loras.refresh()
+        return {"object": "list", "data": [{"id": info.model, "object": "model", "created": created,
                                             "owned_by": "splice", "root": info.model,
-                                            "max_model_len": info.max_model_len}]}
+                                            "max_model_len": info.max_model_len},
+                                           *adapter_cards(link, info.model, created)]}
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
@@ -233,5 +237,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
+    if options.allow_runtime_lora_updating:
+        app.include_router(lora_routes(link))
     return app
 

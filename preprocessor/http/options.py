@@ -37,6 +37,8 @@ class HttpOptions:
     header_timeout: float = 10.0  # seconds a connection has to deliver a request's headers (connections.py)
     max_connections: int = 1024  # connections open at once; one more is answered 503 and closed
     body_idle_timeout: float = 30.0  # seconds a request body may stay silent while it is read (--upload-idle-timeout)
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+    allow_runtime_lora_updating: bool = False
     media_hosts: frozenset[tuple[str, int]] = field(init=False, default=frozenset())  # allowed_media_domains, parsed
 
     def __post_init__(self) -> None:
