@@ -75,10 +75,11 @@ def _build(base: str, seed: int, out: Path) -> None:
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from app.models import resolve_model
+    from app.real_model import REAL_MODELS, ensure_real
+    from app.tiny import ensure
 
     spec = LORA_BASES[base]
-    folder = resolve_model(base)
+    folder = ensure_real(base) if base in REAL_MODELS else ensure(base)
     config = transformers.AutoConfig.from_pretrained(folder)
     model = getattr(transformers, config.architectures[0]).from_pretrained(folder, dtype=torch.float32)
     state = torch.random.get_rng_state()

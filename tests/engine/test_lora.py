@@ -264,3 +264,52 @@ def test_rslora_and_alpha_pattern_scales_follow_peft(tiny_dirs, lora_engines, tm
     adapter = load_adapter("rs", folder, engine.m.lora_targets, 16, 64, torch.device("cpu"), torch.float32)
     assert adapter.weights["model.layers.0.self_attn.q_proj"].scale == pytest.approx(12 / 8 ** 0.5)
     assert adapter.weights["model.layers.1.self_attn.v_proj"].scale == pytest.approx(3 / 8 ** 0.5)
+
+
+async def test_n_logprobs_grammars_and_cancellation_under_an_adapter(lora_engines, tiny_dirs):
+    from transformers import AutoTokenizer
+
+    from splice.structured_output import StructuredOutput
+
+    engine = lora_engines("tiny-text")
+    ids = [5, 17, 42, 99, 3, 8]
+    solo, outs = await collect(engine, _request(ids, lora="tiny-text-lora", logprobs=True, ignore_eos=True))
+    _, forked = await collect(engine, _request(ids, lora="tiny-text-lora", n=2, ignore_eos=True))
+    for index in (0, 1):  # each choice of a greedy n = 2 request is the solo answer under the adapter
+        assert [t for o in forked if o.index == index for t in o.token_ids] == solo
+    hf = _hf(engine, tiny_dirs, CASES["tiny-text"], "tiny-text-lora")
+    with torch.inference_mode():
+        logits = hf(input_ids=torch.tensor([ids + solo[:-1]])).logits[0, len(ids) - 1:].float().log_softmax(-1)
+    want = logits.gather(1, torch.tensor(solo)[:, None])[:, 0].tolist()
+    assert [lp for o in outs for lp in o.logprobs] == pytest.approx(want, abs=1e-4)
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["tiny-text"])
+    choice = StructuredOutput("choice", '["north", "south"]')
+    got, _ = await collect(engine, _request(ids, lora="tiny-text-lora2", structured=choice, max_tokens=8))
+    assert tok.decode(got, skip_special_tokens=True) in ("north", "south")
+    stream = engine.generate(_request(ids, lora="tiny-text-lora2", max_tokens=200, ignore_eos=True))
+    await anext(stream)
+    await stream.aclose()  # the caller leaves: its sequence aborts, the adapter's next request is served
+    assert (await collect(engine, _request(ids, lora="tiny-text-lora", ignore_eos=True)))[0] == solo[:N]
+
+
+def test_lora_with_tensor_parallelism_or_a_simulated_forward_is_refused_in_one_line():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--enable-lora is not supported with --tensor-parallel-size"):
+        EngineConfig(model="m", enable_lora=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="--simulate-forward-ms"):
+        EngineConfig(model="m", enable_lora=True, simulate_forward_ms=1.0)
+    with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
+        EngineConfig(model="m", lora_modules=(("a", "b"),))
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        EngineConfig(model="m", enable_lora=True, max_loras=4, max_cpu_loras=2)
+
+
+def test_lora_modules_take_vllms_two_forms():
+    from splice.lora_modules import parse_lora_module
+
+    assert parse_lora_module("sql=/models/sql") == ("sql", "/models/sql")
+    assert parse_lora_module('{"name": "a", "path": "/p", "base_model_name": "m"}') == ("a", "/p")
+    for bad in ("noequals", "=/p", '{"name": "a"}', '{"name": "a", "path": "/p", "x": 1}', "{bad json"):
+        with pytest.raises(ValueError, match="--lora-modules"):
+            parse_lora_module(bad)
