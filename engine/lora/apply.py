@@ -4,10 +4,11 @@ the adapter adapts, and tokens without one get nothing added.
 A forward declares which adapter each of its tokens runs under (`LoraState.use`: segments of (adapter, tokens) in the
 order the forward lays its tokens out, flattened); every adapted layer (a `Site`) then adds its deltas to its output.
 As punica's shrink and expand, in plain torch ops and batched over the adapters: a site stacks the A matrices of the
-forward's adapters, [columns, in] (each adapter's r rows, per output slice of a fused layer), and their B matrices
-block-wise, [out, columns]; a token's shrink `x @ A_all^T` is masked to its own adapter's columns, scaled, and
-expanded by `B_all`. Two matrix products per layer whatever the number of adapters (at most --max-loras), and where
-some tokens have no adapter only the others are gathered and their deltas added back. A forward with no adapter
+forward's adapters, [columns, in] (each adapter's r rows, per output slice of a fused layer), and their B matrices per
+output slice; a token's shrink `x @ A_all^T` is masked to its own adapter's columns, scaled, and expanded by each
+slice's `B` into that slice of the output (in place). One shrink and one expand per output slice, whatever the number
+of adapters (at most --max-loras), and where some tokens have no adapter only the others are gathered and their deltas
+added back. A forward with no adapter
 token costs one attribute read per layer. Stacks are made once per set of adapters running together.
 
 Sites are made at load (`engine/lora/sites.py`): the fused q/k/v and gate/up linears of Splice's own forward
@@ -23,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from engine.lora.adapter import LoraAdapter
 
@@ -34,8 +34,10 @@ STACKS_KEPT = 8  # sets of adapters whose stacks are kept (least recently used d
 class Stack:
     """One site's matrices for one set of adapters."""
 
-    a: torch.Tensor  # [columns, in]: each adapter's lora_A rows, slice after slice
-    b: torch.Tensor  # [out, columns]: each adapter's lora_B at its slice's output rows, zero elsewhere
+    a: torch.Tensor  # [in, columns]: each adapter's lora_A^T, slice after slice (a slice's columns are contiguous)
+    # per output slice with an adapter: (its output columns [start, end), its columns [c0, c1), its adapters' lora_B^T
+    # stacked [c1 - c0, end - start]); the expand is one product per slice, never over another slice's zeros
+    blocks: tuple[tuple[int, int, int, int, torch.Tensor], ...]
     slot: torch.Tensor  # [columns] long: the adapter (its index in the set) each column belongs to
     scale: torch.Tensor  # [columns]: that adapter's scale for the module
     layout: tuple  # (slot, rank, scale) per block of columns: sites of equal layouts share a forward's masks
@@ -53,24 +55,22 @@ class Site:
     def stack(self, adapters: tuple[LoraAdapter, ...]) -> Stack | None:
         """The site's matrices for `adapters` (None: none of them adapts it)."""
         a_rows, blocks, layout = [], [], []
+        at = 0
         for path, start, end in self.slices:
-            for slot, adapter in enumerate(adapters):
-                w = adapter.weights.get(path)
-                if w is not None:
-                    a_rows.append(w.a)
-                    blocks.append((start, end, w.b))
-                    layout.append((slot, w.rank, w.scale))
+            found = [(slot, w) for slot, adapter in enumerate(adapters) if (w := adapter.weights.get(path)) is not None]
+            if not found:
+                continue
+            a_rows += [w.a for _, w in found]
+            width = sum(w.rank for _, w in found)
+            blocks.append((start, end, at, at + width, torch.cat([w.b for _, w in found], 1).t().contiguous()))
+            layout += [(slot, w.rank, w.scale) for slot, w in found]
+            at += width
         if not a_rows:
             return None
-        a = torch.cat(a_rows)
-        b = a.new_zeros(self.out_features, a.shape[0])
-        at = 0
-        for start, end, w in blocks:
-            b[start:end, at:at + w.shape[1]] = w
-            at += w.shape[1]
+        a = torch.cat(a_rows).t().contiguous()
         slot = torch.tensor([s for s, r, _ in layout for _ in range(r)], device=a.device)
         scale = torch.tensor([c for _, r, c in layout for _ in range(r)], device=a.device, dtype=a.dtype)
-        return Stack(a, b, slot, scale, tuple(layout))
+        return Stack(a, tuple(blocks), slot, scale, tuple(layout))
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """x [..., in], out [..., out] (this layer's output without adapters) -> out with each token's delta added
@@ -87,13 +87,15 @@ class Site:
             path = self.slices[0][0]
             raise RuntimeError(f"LoRA: {path} sees {x2.shape[0]} tokens in a forward of {batch.tokens}; it cannot be "
                                "adapted per token")
-        if batch.rows is not None:  # only the tokens that have an adapter
-            x2 = x2.index_select(0, batch.rows)
-        delta = F.linear(F.linear(x2, stack.a) * batch.mask(stack), stack.b)  # [tokens with an adapter, out]
-        if batch.rows is not None:
-            o2.index_add_(0, batch.rows, delta)
-        else:
-            o2.add_(delta)
+        rows = batch.rows
+        if rows is not None:  # only the tokens that have an adapter
+            x2 = x2.index_select(0, rows)
+        h = torch.mm(x2, stack.a).mul_(batch.mask(stack))  # [tokens with an adapter, columns]: shrink, own, scaled
+        for start, end, c0, c1, b in stack.blocks:  # expand, slice by slice
+            if rows is None:
+                o2[:, start:end].addmm_(h[:, c0:c1], b)
+            else:
+                o2[:, start:end].index_add_(0, rows, torch.mm(h[:, c0:c1], b))
         return out
 
 
@@ -101,7 +103,7 @@ class Site:
 class LoraBatch:
     """One forward's tokens and their adapters."""
 
-    adapters: tuple[LoraAdapter, ...]  # the distinct adapters of the forward, in first-seen order
+    adapters: tuple[LoraAdapter, ...]  # the distinct adapters of the forward, by name
     stacks: dict[Site, Stack | None]  # each site's stack for `adapters`, made at its first use
     tokens: int | None  # the forward's flattened tokens (None: any shape, every token under adapters[0])
     rows: torch.Tensor | None = None  # [k] long: the tokens that have an adapter (None: all of them)
@@ -124,6 +126,10 @@ class LoraBatch:
         return found
 
 
+def _order(adapter: LoraAdapter) -> tuple[str, int]:
+    return adapter.name, id(adapter)
+
+
 class LoraState:
     """The adapters of the forward running now, read by every site of one model (engine thread only)."""
 
@@ -143,7 +149,8 @@ class LoraState:
 
     def batch(self, segments: list[tuple[LoraAdapter | None, int]]) -> LoraBatch | None:
         """The forward whose flattened tokens are `segments` (adapter, count) in order; None when none has one."""
-        adapters = tuple(dict.fromkeys(a for a, n in segments if a is not None and n))
+        # in one order whatever the rows' (by name, then load): a set of adapters has one stack per site
+        adapters = tuple(sorted({a for a, n in segments if a is not None and n}, key=_order))
         if not adapters:
             return None
         tokens = sum(n for _, n in segments)
