@@ -82,6 +82,7 @@ def _up(args: argparse.Namespace) -> int:
     extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
     extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
     extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
+    extra += ["--served-model-name", *args.served_model_name] if args.served_model_name else []
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
@@ -450,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how calls are read from an answer to a request with tools (vLLM's parsers)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='serve tool_choice "auto" (the default with tools); needs --tool-call-parser')
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the names the HTTP API serves the model as (vLLM's; default: --model as given)")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",

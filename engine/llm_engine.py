@@ -464,7 +464,8 @@ class LLMEngine:
                 usage = Usage(seq.prompt_len, seq.num_generated) if reason is not None else None
                 self._emit(seq, EngineOutput((tok,), () if lp is None else (lp,), reason, usage,
                                              *(top if top is not None else ((), ())),
-                                             prompt_logprobs=self._prompt_logprobs(seq), index=seq.index))
+                                             prompt_logprobs=self._prompt_logprobs(seq), index=seq.index,
+                                             cached_tokens=seq.cached if seq.num_generated == 1 else None))
                 if reason is not None:
                     self._release(seq)
         # before the hand-off: a caller who sends its next turn on reading this one's end finds its blocks

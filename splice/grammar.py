@@ -7,8 +7,8 @@ Two uses, one translation (vLLM's, vllm/v1/structured_output/backend_xgrammar.py
   thread and once per distinct spec (keyed by the spec's hash), with a time bound. Compiled grammars never cross
   the wire; the engine compiles from the spec it receives.
 
-JSON schemas and json_object restrict whitespace (vLLM's disable-any-whitespace): ", " and ": " between items and
-nothing else, so a random model cannot spend its whole budget on spaces.
+JSON schemas and json_object allow any whitespace JSON does between tokens (xgrammar's default, vLLM's), or none with
+StructuredOutput.disable_any_whitespace: "," and ":" as separators (vLLM's disable_any_whitespace).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from splice.structured_output import StructuredOutput
 
 CACHE_ENTRIES = 256  # distinct specs kept compiled (LRU)
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_KINDS = ("json", "json_object")  # the grammars disable_any_whitespace applies to
 # xgrammar's errors start with "[hh:mm:ss] /project/cpp/file.cc:123: "; the caller needs the rest
 _XGR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")
 
@@ -95,11 +96,13 @@ def _build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
     """`so` as an xgrammar Grammar (compiler None) or CompiledGrammar; InvalidArgument when it is not valid."""
     kind, spec = so.kind, so.spec
     try:
-        if kind in ("json", "json_object"):
+        if kind in JSON_KINDS:
             schema = spec if kind == "json" else JSON_OBJECT_SCHEMA
+            compact = {"any_whitespace": not so.disable_any_whitespace,
+                       "separators": (",", ":") if so.disable_any_whitespace else None}
             if compiler is None:
-                return xgr.Grammar.from_json_schema(schema, any_whitespace=False)
-            return compiler.compile_json_schema(schema, any_whitespace=False)
+                return xgr.Grammar.from_json_schema(schema, **compact)
+            return compiler.compile_json_schema(schema, **compact)
         if kind == "regex":
             return xgr.Grammar.from_regex(spec) if compiler is None else compiler.compile_regex(spec)
         if kind in ("grammar", "choice"):
@@ -119,7 +122,7 @@ def _build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
 
 
 def spec_key(so: StructuredOutput) -> str:
-    return hashlib.sha256(f"{so.kind}\0{so.spec}".encode()).hexdigest()
+    return hashlib.sha256(f"{so.kind}\0{so.disable_any_whitespace:d}\0{so.spec}".encode()).hexdigest()
 
 
 class GrammarCache:

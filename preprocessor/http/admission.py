@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preprocessor.admission import Admission
-from preprocessor.http.errors import error_response
+from preprocessor.http.errors import SpliceHTTPError, error_response
 from splice.errors import ResourceExhausted
 
 ADMITTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -31,20 +30,20 @@ PARSE_FACTOR = 3
 CLOSE = (b"connection", b"close")
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(SpliceHTTPError):
     def __init__(self, cap: int) -> None:
         super().__init__(413, f"the request body is larger than {cap // PARSE_FACTOR} bytes: reading and parsing it "
                               f"would hold {PARSE_FACTOR}x that, more than the {cap} bytes the preprocessor holds for "
                               f"requests at once (--max-inflight-request-bytes)")
 
 
-class BodyTimeout(HTTPException):
+class BodyTimeout(SpliceHTTPError):
     def __init__(self, idle: float, received: int) -> None:
         super().__init__(408, f"the request body sent nothing for {idle:g} s after {received} bytes; it is abandoned "
                               f"(--upload-idle-timeout)")
 
 
-class NoRoom(HTTPException):
+class NoRoom(SpliceHTTPError):
     """ResourceExhausted while a body arrives, as an HTTPException: FastAPI passes those on from its body reading
     (any other exception there becomes a 400 "error parsing the body")."""
 
@@ -126,10 +125,10 @@ class AdmissionMiddleware:
             if scope["path"].startswith(ADMITTED_PREFIXES):
                 ticket = self.admission.enter((length or 0) * PARSE_FACTOR)
         except BodyTooLarge as exc:
-            await error_response(413, exc.detail, "RESOURCE_EXHAUSTED")(scope, receive, body.send)
+            await error_response(413, exc.detail)(scope, receive, body.send)
             return
         except ResourceExhausted as exc:
-            await error_response(429, exc.message, exc.code)(scope, receive, body.send)
+            await error_response(429, exc.message)(scope, receive, body.send)
             return
         if ticket is not None and length is None:
             body.ticket = ticket

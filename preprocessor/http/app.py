@@ -34,9 +34,11 @@ from preprocessor.http.schemas import (
     TokenizeRequest,
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
+from preprocessor.http.token_strings import TokenStrings
 from preprocessor.request_bounds import check_counts_only
 from preprocessor.tools.choice import constrain, constraint_for
 from splice.errors import InvalidArgument, NotFound
+from splice.request_rules import check_max_tokens
 from splice.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -46,11 +48,35 @@ CLIENT_CLOSED = 499
 SPLICE_VERSION = _dist_version("splice")
 
 
-def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
+def _core(link: EngineLink, options: HttpOptions, model: str | None) -> PreprocessorCore:
+    """The core, for a request naming `model`: one of the served names (vLLM's --served-model-name; by default the
+    model's own name), or none."""
     core = link.core()
-    if model is not None and model != core.info.model:
-        raise NotFound(f"model {model!r} is not served here; this server serves {core.info.model!r}")
+    names = served_names(options, core)
+    if model is not None and model not in names:
+        raise NotFound(f"model {model!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                       param="model")
     return core
+
+
+def served_names(options: HttpOptions, core: PreprocessorCore) -> tuple[str, ...]:
+    return options.served_model_names or (core.info.model,)
+
+
+def _strings(core: PreprocessorCore, options: HttpOptions, asked: bool | None) -> TokenStrings:
+    """How the request's logprobs spell tokens; `asked`: its return_tokens_as_token_ids (None: the server's)."""
+    as_ids = options.return_tokens_as_token_ids if asked is None else asked
+    return TokenStrings(core.token_texts, core.decode_ids, as_ids)
+
+
+def _model_card(name: str, root: str, max_model_len: int, created: int) -> dict:
+    """vLLM's /v1/models entry (its permission block included, as vLLM fills it)."""
+    permission = {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                  "group": None, "is_blocking": False}
+    return {"id": name, "object": "model", "created": created, "owned_by": "splice", "root": root, "parent": None,
+            "max_model_len": max_model_len, "permission": [permission]}
 
 
 async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
@@ -112,7 +138,7 @@ async def _reset_prefix_cache(link: EngineLink, request: Request, reset_running_
     message = (f"the prefix cache was reset on {len(done)} of {len(done) + len(failed)} engine replicas at "
                f"{link.target}; not on: {named}")
     log.warning("%s", message)
-    return error_response(503 if unavailable else 502, message, "UNAVAILABLE" if unavailable else "INTERNAL")
+    return error_response(503 if unavailable else 502, message)
 
 
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
@@ -139,19 +165,22 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         tools = convert.tools_from_http(body, core.limits.tools)
         sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
         convert.check_served(body)
+        check_max_tokens(sampling, core.info)  # (before remote images are fetched; the core checks it too)
         conv = await _conversation(core, body, options)
         sampling = convert.conversation_prompt_logprobs(body, conv, sampling)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
-        shape = ChatShape(request_id, core.info.model, core.token_texts, body.logprobs, include_usage,
-                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
-                          listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
-                          echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
+        shape = ChatShape(request_id, served_names(options, core)[0],
+                          _strings(core, options, body.return_tokens_as_token_ids), body.logprobs, include_usage,
+                          prompt_ids=prepared.prompt_ids, return_ids=bool(body.return_token_ids), n=sampling.n,
+                          listed=bool(sampling.logprob_token_ids), prompt_details=options.prompt_tokens_details,
+                          role=convert.answer_role(body), echo=convert.echoed(body), tools=tools,
+                          tool_parser=core.tool_parser)
         if not body.stream:
             _charge_whole_answer(core, prepared, shape, sampling)
         chunks = core.generate(prepared)
@@ -161,7 +190,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         sampling = convert.completion_sampling(body)
         convert.check_served(body)
         prompts = convert.prompts_from_http(body)
@@ -169,9 +198,10 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens))
-        shape = Shape(request_id, core.info.model, core.token_texts, sampling.logprobs, include_usage,
-                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
-                      listed=bool(sampling.logprob_token_ids),
+        shape = Shape(request_id, served_names(options, core)[0],
+                      _strings(core, options, body.return_tokens_as_token_ids), sampling.logprobs, include_usage,
+                      prompt_ids=prepared.prompt_ids, return_ids=bool(body.return_token_ids), n=sampling.n,
+                      listed=bool(sampling.logprob_token_ids), prompt_details=options.prompt_tokens_details,
                       echo_prompts=_echo_prompts(core, body, prompts) if body.echo else None,
                       echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)
         if not body.stream:
@@ -190,33 +220,35 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.get("/v1/models")
     async def models() -> dict:
-        info = _core(link, None).info
-        return {"object": "list", "data": [{"id": info.model, "object": "model", "created": int(time.time()),
-                                            "owned_by": "splice", "root": info.model,
-                                            "max_model_len": info.max_model_len}]}
+        core = _core(link, options, None)
+        created = int(time.time())
+        return {"object": "list", "data": [_model_card(name, core.info.model, core.info.max_model_len, created)
+                                           for name in served_names(options, core)]}
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         if isinstance(body, TokenizeChatRequest):
             conv = await _conversation(core, body, options)
             result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)
-        strs = await asyncio.to_thread(core.token_texts, tokens) if body.return_token_strs else None
+        # vLLM's: the vocabulary's pieces (a byte-level BPE's "Ġla"), not decoded text
+        strs = await asyncio.to_thread(core.files.tokenizer.convert_ids_to_tokens, tokens) \
+            if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": core.info.max_model_len, "tokens": tokens, "token_strs": strs}
 
     @api.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         return {"prompt": await asyncio.to_thread(core.detokenize, body.tokens, True)}
 
     @app.get("/health")
     async def health() -> Response:
         if link.serving:
             return Response(status_code=200)
-        return error_response(503, f"not serving: the engine at {link.target} is not reachable", "UNAVAILABLE")
+        return error_response(503, f"not serving: the engine at {link.target} is not reachable")
 
     @app.get("/version")
     async def version() -> dict:
