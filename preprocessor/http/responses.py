@@ -392,7 +392,10 @@ class ChatShape(Shape):
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
         if self.tools is not None:
             return {"index": index, "delta": self._deltas[index][0], "logprobs": self._logprobs(index, chunk)}
-        return {"index": index, "delta": {"content": chunk.text}, "logprobs": self._logprobs(index, chunk)}
+        # vLLM's: a chunk without text has no content key when the server runs a tool parser (its deltas then go
+        # through the parser, which gives none), else "content": ""
+        delta = {"content": chunk.text} if chunk.text or self.tool_parser is None else {}
+        return {"index": index, "delta": delta, "logprobs": self._logprobs(index, chunk)}
 
 
 def _reason(chunk: GenerationChunk | None) -> str | None:

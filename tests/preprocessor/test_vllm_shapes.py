@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from preprocessor.http.options import HttpOptions
+from preprocessor.limits import Limits
 from tests.preprocessor.http_face import http_face
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -70,6 +71,17 @@ async def test_streamed_chunks_have_vllms_keys(tiny_dirs, tiny):
         assert all(set(e) == CHUNK for e in events[:-1]) and set(events[-1]) == CHUNK | {"system_fingerprint"}
         assert all(set(e["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
                                             "prompt_token_ids", "token_ids"} for e in events)
+
+
+async def test_an_empty_delta_is_vllms_with_and_without_a_tool_parser(tiny_dirs, tiny):
+    """vLLM's chat stream: a chunk without text (here the final one) has "content": "" unless the server runs a tool
+    parser, whose deltas it then goes through: no content key."""
+    body = {**CHAT, "stream": True, "max_tokens": 8, "stop": ["All good."]}  # a final chunk of no text
+    for limits, delta in ((None, {"content": ""}), (Limits(tool_call_parser="hermes"), {})):
+        async with http_face(tiny_dirs, tiny, "tiny-text", limits=limits) as face:
+            events = _events((await face.http.post("/v1/chat/completions", json=body)).text)
+            assert events[-1]["choices"][0]["finish_reason"] == "stop"
+            assert events[-1]["choices"][0]["delta"] == delta
 
 
 async def test_error_bodies_are_vllms(tiny_dirs, tiny):
