@@ -48,6 +48,13 @@ def _service_resolver(service: str) -> Callable[[str], str]:
     return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m), weights=weights)
 
 
+def _check_model(name: str) -> None:
+    """A --model that cannot be one, refused before a service imports its libraries (seconds) or fetches anything."""
+    from app.models import check_model
+
+    check_model(name)
+
+
 def _build_tiny(args: argparse.Namespace) -> int:
     from app.tiny import ensure
 
@@ -57,9 +64,7 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from app.launch import StartFailed, start_stack
     from app.models import model_note, resolve_model
-    from app.supervise import Supervisor
 
     try:
         engine_args, preprocessor_args = _security_args(args)
@@ -78,11 +83,11 @@ def _up(args: argparse.Namespace) -> int:
         return 2
     if note := model_note(args.model):
         _say(note)
+    from app.launch import StartFailed, start_stack
+    from app.supervise import Supervisor
+
     echo = None if args.quiet else _say
-    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
-    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
-    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
-    extra += ["--served-model-name", *args.served_model_name] if args.served_model_name else []
+    extra = preprocessor_flags(args)
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
                                   engine_port=args.engine_port,
@@ -111,6 +116,15 @@ def _up(args: argparse.Namespace) -> int:
         engine, pre = supervisor.services
         pre.stop()
         engine.stop()
+
+
+def preprocessor_flags(args: argparse.Namespace) -> list[str]:
+    """`splice up`'s own flags that are the preprocessor's, as its arguments."""
+    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
+    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
+    extra += ["--served-model-name", *args.served_model_name] if args.served_model_name else []
+    return extra
 
 
 def _security_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -291,8 +305,6 @@ def _print_prompt_logprobs(chunks: list) -> None:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from clients import SpliceClient, SpliceClientError
-
     content: list = []
     for path in args.embeds or []:  # local files first, before any connection: one line each, exit 2
         part = _embeds_part(path)
@@ -311,8 +323,12 @@ def _chat(args: argparse.Namespace) -> int:
         [{"role": "user", "content": content}]
     if args.assistant is not None:
         messages.append({"role": "assistant", "content": args.assistant})
+    if not _listening(args.target):  # now: the client's imports (torch) would make this line wait seconds
+        _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")
+        return 2
     sampling = chat_sampling(args)
     fields = chat_fields(args)
+    from clients import SpliceClient, SpliceClientError
     from splice.security import ClientTLS
 
     try:
@@ -409,11 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("engine", help="serve splice.v1.Engine (model on GPU/CPU)")
     engine_cli.add_arguments(p)
-    p.set_defaults(model=DEFAULT_MODEL, func=lambda a: engine_cli.run(a, _service_resolver("engine")))
+    p.set_defaults(model=DEFAULT_MODEL, func=lambda a: engine_cli.run(a, _service_resolver("engine"), _check_model))
 
     p = sub.add_parser("preprocessor", help="serve splice.v1.Preprocessor (public API, CPU)")
     preprocessor_cli.add_arguments(p)
-    p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor")))
+    p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor"), _check_model))
 
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")

@@ -18,7 +18,7 @@ from preprocessor.tools.parsers import parser_names
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
-from splice.service_main import Resolve, run_service
+from splice.service_main import CheckModel, Resolve, model_refused, run_service
 
 DEFAULTS = Limits()
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         await server.stop(args.drain_grace)
 
 
-def run(args: argparse.Namespace, resolve: Resolve) -> int:
+def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = None) -> int:
     try:
         limits_from_args(args)
         http_from_args(args)
@@ -264,5 +264,7 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
                              Listen("--metrics-port", args.host, args.metrics_port or 0)])
     if busy:  # before the model loads
         print(f"splice preprocessor: {busy}", file=sys.stderr)
+        return 2
+    if model_refused("preprocessor", args.model, check):
         return 2
     return run_service("preprocessor", serve(args, resolve), args.log_level)

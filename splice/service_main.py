@@ -18,6 +18,21 @@ from splice.errors import SpliceError
 # --model value (a built-in name, folder or HF id) -> a local HF folder. The layer above the services
 # supplies it (app.models.resolve_model), so a service never imports the tiny-model builder.
 Resolve = Callable[[str], str]
+# A quick look at a --model value (app.models.check_model): SpliceError for one that cannot be a model, before a
+# service imports its libraries or resolves it
+CheckModel = Callable[[str], None]
+
+
+def model_refused(name: str, model: str | None, check: CheckModel | None) -> bool:
+    """Whether `check` refuses `model`, said in one line as a service's start-up errors are."""
+    if model is None or check is None:
+        return False
+    try:
+        check(model)
+    except SpliceError as exc:
+        print(f"splice {name}: {exc.message}", file=sys.stderr)
+        return True
+    return False
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
