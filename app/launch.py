@@ -7,6 +7,7 @@ an HTTP face prints `http serving on HOST:PORT` just before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -76,12 +77,29 @@ class Service:
 QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """A service started meanwhile ignores SIGINT until it sets its own handler (once it serves: a drain): a
+    terminal's Ctrl-C reaches every process of its group, and one that arrives while a service imports or loads
+    would leave a traceback there. Its launcher stops it then, as always (SIGTERM). (Only the main thread may set a
+    handler; elsewhere the service starts as the caller is.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300.0,
           echo: Callable[[str], None] | None = None) -> Service:
     """Runs `python -m app.cli NAME ARGS...` and returns once it printed its ready line."""
     cmd = [sys.executable, "-u", "-m", "app.cli", name, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, **(env or {})})
+    with _sigint_ignored():
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env={**os.environ, **(env or {})})
     service = Service(name, proc, args=list(args))
     ready = threading.Event()
 
@@ -101,7 +119,12 @@ def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, 
         ready.set()  # the process ended; start() reports it
 
     threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
-    if not ready.wait(timeout) or not service.address:
+    try:
+        started = ready.wait(timeout)
+    except BaseException:  # Ctrl-C while it starts (it ignores SIGINT until then): it ends with its launcher
+        service.stop()
+        raise
+    if not started or not service.address:
         service.kill()
         raise StartFailed(name, proc.poll(), service.output)
     return service
