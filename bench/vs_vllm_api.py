@@ -85,8 +85,8 @@ def splice_server(model: str, name: str, flags: list[str]) -> Iterator[str]:
     from app.models import resolve_model
 
     print("starting Splice ...", flush=True)
-    resolve_model(model, progress=print)
-    engine, pre = start_stack(model, http_port=0, engine_args=["--max-model-len", "2048"],
+    folder = resolve_model(model, progress=print)  # the --model vLLM gets: the same `root` in /v1/models
+    engine, pre = start_stack(folder, http_port=0, engine_args=["--max-model-len", "2048"],
                               preprocessor_args=["--served-model-name", name, *flags])
     try:
         yield f"http://{pre.http_address}"
