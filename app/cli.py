@@ -212,24 +212,6 @@ def _tool_choice(text: str) -> str | dict:
     return {"type": "function", "function": {"name": text}}
 
 
-def _json(kind: type) -> Callable[[str], object]:
-    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
-    name = {dict: "object", list: "array"}[kind]
-
-    def parse(text: str) -> object:
-        import json
-
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
-        return value
-
-    return parse
-
-
 def chat_sampling(args: argparse.Namespace) -> dict:
     """`splice chat`'s flags -> the client's sampling keywords."""
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
@@ -521,11 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-salt", default=None, metavar="SALT",
                    help="vLLM's cache_salt: cached prompt prefixes are reused only between requests with the same "
                         "salt (1..256 characters)")
-    p.add_argument("--structured-outputs", type=_json(dict), metavar="JSON",
+    p.add_argument("--structured-outputs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
                         """regex, choice, grammar (EBNF), json_object, structural_tag, """
                         """e.g. '{"choice": ["yes", "no"]}'""")
-    p.add_argument("--response-format", type=_json(dict), metavar="JSON",
+    p.add_argument("--response-format", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""OpenAI's response_format, e.g. '{"type": "json_schema", "json_schema": {"name": "a", """
                         """"schema": {...}}}' or '{"type": "json_object"}'""")
     p.add_argument("--assistant", default=None, metavar="TEXT",
@@ -536,15 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt)")
     p.add_argument("--add-special-tokens", action="store_true",
                    help="add the tokenizer's special tokens (BOS) on top of the chat template's")
-    p.add_argument("--documents", type=_json(list), metavar="JSON",
+    p.add_argument("--documents", type=preprocessor_cli.json_flag(list), metavar="JSON",
                    help='documents for a RAG template, e.g. \'[{"title": "...", "text": "..."}]\'')
     p.add_argument("--reasoning-effort", choices=REASONING_EFFORTS,
                    help="passed to the chat template (with enable_thinking: not 'none')")
-    p.add_argument("--chat-template-kwargs", type=_json(dict), metavar="JSON",
+    p.add_argument("--chat-template-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
-    p.add_argument("--mm-processor-kwargs", type=_json(dict), metavar="JSON",
+    p.add_argument("--mm-processor-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
-    p.add_argument("--tools", type=_json(list), metavar="JSON",
+    p.add_argument("--tools", type=preprocessor_cli.json_flag(list), metavar="JSON",
                    help="""OpenAI's tools, e.g. '[{"type": "function", "function": {"name": "get_weather", """
                         """"parameters": {...}}}]'; calls found are printed after the answer""")
     p.add_argument("--tool-choice", type=_tool_choice, metavar="none|auto|required|NAME",

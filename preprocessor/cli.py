@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
@@ -145,15 +148,24 @@ def _bool(text: str) -> bool:
 STRUCTURED_CONFIG = {"disable_any_whitespace": (True, False), "backend": ("xgrammar", "auto")}
 
 
-def structured_outputs_config(text: str) -> dict:
-    import json
+def json_flag(kind: type) -> Callable[[str], Any]:
+    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
+    name = {dict: "object", list: "array"}[kind]
 
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
-    if not isinstance(config, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text[:60]!r}")
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
+        return value
+
+    return parse
+
+
+def structured_outputs_config(text: str) -> dict:
+    config = json_flag(dict)(text)
     for key, value in config.items():
         if key not in STRUCTURED_CONFIG or value not in STRUCTURED_CONFIG[key]:
             raise argparse.ArgumentTypeError(f"{key}={value!r} is not supported; the keys are "

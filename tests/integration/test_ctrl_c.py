@@ -12,22 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from tests.harness.up import children
+
 UP = [sys.executable, "-m", "app.cli", "up", "--model", "tiny-text", "--port", "0", "--engine-port", "0",
       "--http-port", "0"]
-
-
-def _children(pid: int) -> dict[int, str]:
-    """Running processes whose parent is `pid`: pid -> command line."""
-    out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out[int(stat.parent.name)] = cmdline
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -54,7 +42,7 @@ def test_ctrl_c_while_a_service_starts_ends_it_with_its_launcher():
     up = _up()
     try:
         deadline = time.monotonic() + 120
-        while not (engines := [p for p, cmd in _children(up.pid).items() if "app.cli engine" in cmd]):
+        while not (engines := [p for p, cmd in children(up.pid).items() if "app.cli engine" in cmd]):
             assert up.poll() is None and time.monotonic() < deadline, "no engine started"
             time.sleep(0.05)
         os.killpg(up.pid, signal.SIGINT)  # the engine is importing or loading
@@ -70,7 +58,7 @@ def test_ctrl_c_once_serving_is_a_clean_stop():
         for line in up.stdout:
             if "Ctrl-C stops both" in line:
                 break
-        services = list(_children(up.pid))
+        services = list(children(up.pid))
         os.killpg(up.pid, signal.SIGINT)
     finally:
         out = _finish(up)
