@@ -85,6 +85,15 @@ def hf_generate(model, batch: list[list[int]], new_tokens: int) -> int:
 
 # -- timing ---------------------------------------------------------------------------------------------------------
 
+def prefill(runner, prompts: list) -> torch.Tensor:
+    """Whole prompts (engine/models Prompt) joining an engine/model_runner.py ModelRunner's batch, its rows not moving
+    -> their first logits [len(prompts), vocab], in the order their rows joined (the prompts' order, as long as no
+    prompt is chunked beside padded ones); `runner.execute(tokens, [])` then decodes every row in that order."""
+    from engine.model_runner import PromptPart
+
+    return runner.execute([], [PromptPart(p, 0, len(p.token_ids)) for p in prompts]).logits
+
+
 def median_call(fn: Callable[[], object], n: int) -> float:
     """Median seconds of `n` calls of `fn`."""
     times = []

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from app.models import resolve_model
-from bench.common import bench_parser, in_turns, median_call, prompts, report
+from bench.common import bench_parser, in_turns, median_call, prefill, prompts, report
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner, batch_capacity
@@ -41,7 +41,7 @@ def main() -> None:
     first: list[int] = []
     for s in range(0, args.rows, GROUP):
         batch = [family.prompt(EngineRequest(f"r{r}", ids[r].tolist())) for r in range(s, min(s + GROUP, args.rows))]
-        first += runner.prefill(list(range(s, s + len(batch))), batch).argmax(-1).tolist()
+        first += prefill(runner, batch).argmax(-1).tolist()
 
     cache = DynamicCache()
     hf_first: list[int] = []
@@ -58,7 +58,7 @@ def main() -> None:
     tokens = {"ours": first, "hf": hf_first}  # each side's last greedy tokens, fed to its next step
 
     def ours() -> None:
-        tokens["ours"] = runner.decode(tokens["ours"]).argmax(-1).tolist()
+        tokens["ours"] = runner.execute(tokens["ours"], []).logits.argmax(-1).tolist()
 
     def hf() -> None:
         out = model(input_ids=torch.tensor(tokens["hf"])[:, None], past_key_values=cache, use_cache=True)

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from app.models import resolve_model
-from bench.common import bench_parser, in_turns, median_call, prompts, report
+from bench.common import bench_parser, in_turns, median_call, prefill, prompts, report
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner, PromptPart
@@ -42,7 +42,7 @@ class Side:
         self.first: list[int] = []
         for s in range(0, len(ids), GROUP):
             batch = self.prompts(range(s, min(s + GROUP, len(ids))))
-            self.first += self.runner.prefill(list(range(s, s + len(batch))), batch).argmax(-1).tolist()
+            self.first += prefill(self.runner, batch).argmax(-1).tolist()
         self.tokens = list(self.first)
         self.arrival = self.prompts([0])[0]
 
@@ -50,15 +50,17 @@ class Side:
         return [self.family.prompt(EngineRequest(f"r{r}", self.ids[r].tolist())) for r in rows]
 
     def decode(self) -> torch.Tensor:
-        logits = self.runner.decode(self.tokens)
+        logits = self.runner.execute(self.tokens, []).logits
         self.tokens = logits.argmax(-1).tolist()
         return logits
 
     def mixed(self) -> torch.Tensor:
         """A packed step with one arrival, which then leaves again (so every call is the same step)."""
-        seq = 10_000
-        rows, _ = self.runner.mixed(self.tokens, [PromptPart(seq, self.arrival, 0, len(self.arrival.token_ids))])
-        self.runner.remove({seq})
+        n = len(self.tokens)
+        out = self.runner.execute(self.tokens, [PromptPart(self.arrival, 0, len(self.arrival.token_ids))])
+        assert out.packed
+        self.runner.remove([n])  # (its slot: the one after the rows)
+        rows = out.logits[:n]
         self.tokens = rows.argmax(-1).tolist()
         return rows
 
@@ -66,7 +68,7 @@ class Side:
         """A group prefill of GROUP prompts (left-padded: their lengths differ) into a runner of its own."""
         batch = [self.family.prompt(EngineRequest(f"p{r}", self.ids[r, :len(self.ids[r]) - r].tolist()))
                  for r in range(GROUP)]
-        return ModelRunner(self.family).prefill(list(range(GROUP)), batch)
+        return prefill(ModelRunner(self.family), batch)
 
 
 @torch.inference_mode()

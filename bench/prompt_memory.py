@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from bench.common import bench_parser, in_turns, prompts, report
+from bench.common import bench_parser, in_turns, prefill, prompts, report
 
 
 def measure(kind: str, model: str, length: int) -> None:
@@ -37,7 +37,7 @@ def measure(kind: str, model: str, length: int) -> None:
     with torch.inference_mode():
         if kind == "ours":
             # the engine's runner: its key/value buffers reserved for a full batch (committed only where written)
-            ModelRunner(family, batch_capacity(cfg.max_running_seqs, loaded.info.max_model_len)).prefill([0], [prompt])
+            prefill(ModelRunner(family, batch_capacity(cfg.max_running_seqs, loaded.info.max_model_len)), [prompt])
         else:
             family.model(input_ids=torch.tensor([ids]), use_cache=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS, GPU_MIXED_PREFILL_TOKENS
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
-from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
+from splice.sampling import DEFAULT_STRUCTURED_CACHE_MB, DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 from splice.security import ENGINE_KEY_ENV, server_tls
 from splice.service_main import CheckModel, Resolve, model_refused, run_service
 
@@ -70,7 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--structured-compile-timeout", type=float, default=DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S,
                         help="seconds a structured output's grammar (response_format, structured_outputs) may take "
                              "to compile for the tokenizer before the request is refused with INVALID_ARGUMENT; "
-                             "compiles run off the step thread, once per distinct spec (default: %(default)s)")
+                             "compiles run off the step thread, once per distinct spec, fairly across requests; "
+                             "the time counts from a compile's own start (default: %(default)s)")
+    parser.add_argument("--structured-cache-mb", type=int, default=DEFAULT_STRUCTURED_CACHE_MB,
+                        help="MiB of compiled grammars (token masks) kept, least recently used evicted first; a "
+                             "grammar that compiles larger is refused with INVALID_ARGUMENT (default: %(default)s)")
     parser.add_argument("--simulate-forward-ms", type=float, default=None, metavar="MS",
                         help="a benchmarking aid, not for serving: the model's forward (and vision tower) is replaced "
                              "by a wait of MS milliseconds per step that holds no CPU, as a GPU kernel would (MS more "
@@ -113,6 +117,7 @@ def config_from_args(args: argparse.Namespace, folder: str) -> EngineConfig:
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
                         model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
+                        structured_cache_mb=args.structured_cache_mb,
                         encoder_cache_mb=args.encoder_cache_mb,
                         enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
                         prefix_cache_mb=args.prefix_cache_mb, simulate_forward_ms=args.simulate_forward_ms,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.lean_llama import IMPLS
-from splice.sampling import DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
+from splice.sampling import DEFAULT_STRUCTURED_CACHE_MB, DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -58,6 +58,8 @@ class EngineConfig:
     # a structured output's grammar that takes longer than this to compile is refused (INVALID_ARGUMENT); the
     # compile runs in its own thread, never the step's
     structured_compile_timeout: float = DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
+    # MiB of compiled grammars kept, least recently used evicted first; one that compiles larger is refused
+    structured_cache_mb: int = DEFAULT_STRUCTURED_CACHE_MB
     # a benchmarking aid (engine/simulate.py): the model's forward and vision tower are replaced by a wait of this
     # many milliseconds per forward that holds no CPU, as a GPU kernel would, with deterministic logits; None = off
     simulate_forward_ms: float | None = None
@@ -97,6 +99,8 @@ class EngineConfig:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if not self.structured_compile_timeout > 0:
             raise ValueError(f"structured_compile_timeout must be > 0, got {self.structured_compile_timeout}")
+        if self.structured_cache_mb < 1:
+            raise ValueError(f"structured_cache_mb must be >= 1, got {self.structured_cache_mb}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.simulate_forward_ms is not None:

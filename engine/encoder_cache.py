@@ -1,9 +1,11 @@
 """The encoder cache: a picture's vision-tower output kept by a hash of the picture's model inputs, so a picture
 sent again (a multi-turn chat re-sends every earlier picture) is not encoded again.
 
-Keys are content only: a SHA-256 over every tensor of the picture's inputs (pixels and the family's geometry
-tensors: grids, sizes, masks), each with its name, dtype and shape; never the placeholder IDs, which are equal
-for any two pictures of one size. Entries live within a byte budget, least recently used evicted first.
+Keys are content: a SHA-256 over every tensor of the picture's inputs (pixels and the family's geometry tensors:
+grids, sizes, masks), each with its name, dtype and shape; never the placeholder IDs, which are equal for any two
+pictures of one size. A request's `cache_salt` keys them too (`salted`), as it keys the prefix cache: tenants with
+different salts share no entry, so none can learn from a hit (its time to first token) that another sent a picture.
+Entries live within a byte budget, least recently used evicted first.
 
 Every tensor-parallel rank keeps its own cache: each runs the same prompt() calls in the same order, so the
 caches make the same hits and evictions and the ranks' vision-tower calls (collectives included) stay in step.
@@ -25,6 +27,13 @@ def content_key(inputs: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}|{t.dtype!s}|{list(t.shape)}|".encode())
         h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def salted(key: str, salt: str | None) -> str:
+    """`key` for a request with `salt` (vLLM's cache_salt); unsalted requests share the content key."""
+    if salt is None:
+        return key
+    return hashlib.sha256(b"splice-encoder|" + salt.encode() + b"|salted|" + key.encode()).hexdigest()
 
 
 class EncoderCache:

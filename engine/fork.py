@@ -3,10 +3,10 @@
 A request of n choices is one Sequence until its prompt is in; its n - 1 other choices are made beside it
 (`choices`), each with its own SamplingParams (`SamplingParams.choice`: seed + index when seeded, vLLM's rule), and
 queued nowhere. The scheduler admits the request only where all n fit in --max-running-seqs and holds their slots;
-once the prompt's prefill is done the engine starts them (Scheduler.fork), the runner copies the prompt's row into
-theirs (ModelRunner.fork: key/value columns and any recurrent state), and the prefill's last logits are sampled once
-per choice (`expand`), each with its own generator. From then on the choices share nothing: penalties, stop state,
-max_tokens and their streams are their own. The caller reads the n streams as one (`merged`), each output tagged
+the runner copies the prompt's row into theirs as it joins the batch (ModelRunner._join: key/value columns and any
+recurrent state), the engine samples the prefill's last logits once per choice (LLMEngine._sample), each with its own
+generator, and the scheduler starts them (Scheduler.update). From then on the choices share nothing: penalties, stop
+state, max_tokens and their streams are their own. The caller reads the n streams as one (`merged`), each output tagged
 with its choice's index; the first error ends all of them, and leaving it aborts every choice still running.
 """
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-
-import torch
 
 from engine.outbox import Listener
 from engine.sequence import Sequence
@@ -26,21 +24,9 @@ from splice.engine_request import EngineRequest
 def choices(seq: Sequence, req: EngineRequest) -> list[Sequence]:
     """`seq` (choice 0) and, for n > 1, its other choices, which it holds in `forks` until they start."""
     seq.forks = [Sequence(seq.request_id, seq.prompt_len, req.sampling.choice(i), seq.max_model_len,
-                          seq.eos_token_ids, index=i) for i in range(1, req.sampling.n)]
+                          seq.eos_token_ids, index=i, arrival=seq.arrival, grammar=seq.grammar)
+                 for i in range(1, req.sampling.n)]
     return [seq, *seq.forks]
-
-
-def expand(seqs: list[Sequence], logits: torch.Tensor,
-           started: dict[int, list[Sequence]]) -> tuple[list[Sequence], torch.Tensor]:
-    """A step's rows with the choices that started in it: each after the sequence it was forked from, sampling from a
-    copy of that sequence's logits row ([rows, vocab] -> [rows + new, vocab])."""
-    rows: list[int] = []
-    out: list[Sequence] = []
-    for row, seq in enumerate(seqs):
-        forked = started.get(seq.seq_id, ())
-        out += [seq, *forked]
-        rows += [row] * (1 + len(forked))
-    return out, logits[torch.tensor(rows, device=logits.device)]
 
 
 async def merged(listeners: list[Listener]) -> AsyncIterator[EngineOutput]:

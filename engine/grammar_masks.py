@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
-from typing import Any
 
 import torch
 import xgrammar as xgr
@@ -22,25 +21,21 @@ log = logging.getLogger(__name__)
 
 
 class GrammarMasks:
+    """The step's bitmask; each constrained sequence's matcher is on its record (`Sequence.matcher`)."""
+
     def __init__(self) -> None:
-        self._matchers: dict[int, xgr.GrammarMatcher] = {}  # seq_id -> its matcher, for every started constrained seq
         self._bitmask: torch.Tensor | None = None  # [rows, words], grown as needed
 
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self._matchers
-
-    def start(self, seq: Sequence, compiled: Any) -> None:
-        """`seq` decodes under `compiled` (an xgrammar CompiledGrammar) from its first token."""
-        self._matchers[seq.seq_id] = xgr.GrammarMatcher(compiled)
-
-    def release(self, seq_id: int) -> None:
-        self._matchers.pop(seq_id, None)
+    @staticmethod
+    def start(seq: Sequence) -> None:
+        """`seq` decodes under its grammar from its first token."""
+        seq.matcher = xgr.GrammarMatcher(seq.grammar)
 
     @torch.no_grad()
     def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         """logits [rows, vocab] (row i is seqs[i]'s) -> a float32 copy with each constrained row's disallowed tokens
         at -inf; `logits` itself when no row has a grammar."""
-        rows = [i for i, s in enumerate(seqs) if s.seq_id in self._matchers]
+        rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if not rows:
             return logits
         vocab = logits.shape[-1]
@@ -49,22 +44,23 @@ class GrammarMasks:
             self._bitmask = xgr.allocate_token_bitmask(max(len(seqs), 8), vocab)
         bitmask = self._bitmask[:len(seqs)]
         for i in rows:
-            self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, i)
+            seqs[i].matcher.fill_next_token_bitmask(bitmask, i)
         x = logits.to(torch.float32, copy=True)
         xgr.apply_token_bitmask_inplace(x, bitmask.to(x.device, non_blocking=True), indices=rows)
         return x
 
-    def advance(self, seqs: Seq[Sequence], tokens: Seq[int]) -> set[int]:
-        """Each constrained row's matcher takes its token; returns the seq_ids whose grammar is complete (their output
+    @staticmethod
+    def advance(seqs: Seq[Sequence], tokens: Seq[int]) -> set[int]:
+        """Each constrained row's matcher takes its token; returns the rows whose grammar is complete (their output
         ends: finish_reason stop)."""
         done: set[int] = set()
-        for seq, token in zip(seqs, tokens, strict=True):
-            matcher = self._matchers.get(seq.seq_id)
+        for row, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
+            matcher = seq.matcher
             if matcher is None or seq.is_finished:
                 continue
             if not matcher.accept_token(token):  # cannot happen while the mask is applied; end rather than go astray
                 log.warning("request %s: token %d left its grammar; ending it", seq.request_id, token)
-                done.add(seq.seq_id)
+                done.add(row)
             elif matcher.is_terminated():
-                done.add(seq.seq_id)
+                done.add(row)
         return done

@@ -1,8 +1,9 @@
 """Penalties and masks over a whole batch's logits, in vLLM's order (vllm/v1/sample/sampler.py): allowed_token_ids,
 bad words, min_tokens, logit_bias, then the repetition, frequency and presence penalties.
 
-State lives on the engine in tables of one row per sequence that asked for it ([slots, ..., vocab], grown as needed),
-kept up to date by a scatter or two per step as tokens come out. A penalized sequence's row holds the factor of its
+State lives in tables of one row per sequence that asked for it ([slots, ..., vocab], grown as needed; the row's index
+and what else the controls keep of it are on the sequence's record, a ControlsRow), kept up to date by a scatter or
+two per step as tokens come out. A penalized sequence's row holds the factor of its
 repetition penalty (the penalty at the tokens of its prompt and output so far, 1 elsewhere) and what its frequency
 and presence penalties subtract so far; a masked sequence's row holds its fixed addition (logit_bias values, -inf
 outside allowed_token_ids and at one-token bad words). A step gathers its sequences' rows and applies each control
@@ -14,47 +15,43 @@ Each control acts on a row alone, so a row's result never depends on its neighbo
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 
 import torch
 
-from engine.sequence import Sequence
+from engine.sequence import ControlsRow, Sequence
 
 NEG_INF = float("-inf")
 FACTOR, OFFSET = 0, 1  # the two channels of a penalty row
 
 
 class RowTable:
-    """A [slots, channels, vocab] float tensor whose rows belong to sequences; grows by doubling, a freed row is
-    reused. A new row holds `fill` (one value per channel)."""
+    """A [slots, channels, vocab] float tensor whose rows belong to sequences (the row's index is on the sequence's
+    ControlsRow, as `name`); grows by doubling, a freed row is reused. A new row holds `fill` (one value per
+    channel)."""
 
-    def __init__(self, vocab: int, device: torch.device, fill: tuple[float, ...]) -> None:
+    def __init__(self, vocab: int, device: torch.device, fill: tuple[float, ...], name: str) -> None:
         self.data = torch.zeros(0, len(fill), vocab, device=device)
         self.fill = torch.tensor(fill, device=device)[:, None]  # [channels, 1]
-        self._slot: dict[int, int] = {}  # seq_id -> its row
+        self.name = name
         self._free: list[int] = []
         self._members: tuple[tuple[int, ...], list[int], torch.Tensor | None] | None = None  # the last batch's
 
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self._slot
-
-    def add(self, seq_id: int) -> torch.Tensor:
-        """`seq_id`'s new row [channels, vocab] (a view), filled."""
+    def add(self) -> int:
+        """A new row, filled; returns its index."""
         if not self._free:
             old = self.data.shape[0]
             grown = self.data.new_empty(max(4, 2 * old), *self.data.shape[1:])
             grown[:old] = self.data
             self.data = grown
             self._free = list(range(grown.shape[0] - 1, old - 1, -1))
-        slot = self._slot[seq_id] = self._free.pop()
+        slot = self._free.pop()
         self._members = None
-        return self.data[slot].copy_(self.fill.expand_as(self.data[slot]))
+        self.data[slot].copy_(self.fill.expand_as(self.data[slot]))
+        return slot
 
-    def free(self, seq_id: int) -> None:
-        slot = self._slot.pop(seq_id, None)
-        if slot is not None:
-            self._free.append(slot)
-            self._members = None
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+        self._members = None
 
     def members(self, seqs: Seq[Sequence]) -> tuple[list[int], torch.Tensor | None]:
         """(the positions in `seqs` of the sequences with a row, [those] long: their rows, None when none has).
@@ -62,33 +59,24 @@ class RowTable:
         key = tuple(s.seq_id for s in seqs)
         if self._members is not None and self._members[0] == key:
             return self._members[1], self._members[2]
-        slot = self._slot
-        rows = [i for i, s in enumerate(key) if s in slot]
-        slots = torch.tensor([slot[key[i]] for i in rows], dtype=torch.long, device=self.data.device) if rows else None
+        found = [(i, row) for i, s in enumerate(seqs)
+                 if s.controls is not None and (row := getattr(s.controls, self.name)) is not None]
+        rows = [i for i, _ in found]
+        slots = torch.tensor([r for _, r in found], dtype=torch.long, device=self.data.device) if found else None
         self._members = (key, rows, slots)
         return rows, slots
 
 
-@dataclass
-class _Row:
-    """What the controls keep of one sequence besides its table rows."""
-
-    prompt_ids: list[int]  # its prompt's token IDs, until its penalty row is made
-    prefixed: list[tuple[tuple[int, ...], int]]  # multi-token bad words: (the tokens before, the banned last token)
-    stops: tuple[int, ...]  # banned while fewer than min_tokens are out: EOS and stop_token_ids
-    generated: set[int] = field(default_factory=set)  # tokens out so far (a presence penalty's first time)
-
-
 class LogitsControls:
-    """Per-sequence state of the penalties and masks; `apply` before sampling, `record` the tokens after. Used by
-    the engine thread only."""
+    """The tables of the penalties and masks; `apply` before sampling, `record` the tokens after. Used by the engine
+    thread only."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         # made at the first logits, as wide as they are
         self._penalty: RowTable | None = None  # [slots, (FACTOR, OFFSET), vocab] of penalized sequences
         self._bias: RowTable | None = None  # [slots, 1, vocab] of masked sequences
-        self._rows: dict[int, _Row] = {}  # seq_id -> its state, for every started sequence with a control
+        self._live = 0  # sequences with a ControlsRow
         self._new: list[Sequence] = []  # started, their table rows not yet made
         self._channel = [torch.tensor(c, device=device) for c in (FACTOR, OFFSET)]  # index_put_ takes tensors
 
@@ -101,32 +89,38 @@ class LogitsControls:
             return
         prefixed = [(tuple(s[:-1]), s[-1]) for s in p.bad_words_token_ids if len(s) > 1]
         stops = tuple(dict.fromkeys((*seq.eos_token_ids, *p.stop_token_ids))) if p.min_tokens else ()
-        self._rows[seq.seq_id] = _Row(list(prompt_ids) if p.repetition_penalty != 1.0 else [], prefixed, stops)
+        seq.controls = ControlsRow(list(prompt_ids) if p.repetition_penalty != 1.0 else [], prefixed, stops)
+        self._live += 1
         self._new.append(seq)
 
-    def release(self, seq_id: int) -> None:
-        if self._rows.pop(seq_id, None) is None:
+    def release(self, seq: Sequence) -> None:
+        row, seq.controls = seq.controls, None
+        if row is None:
             return
-        self._new = [s for s in self._new if s.seq_id != seq_id]
-        for table in (self._penalty, self._bias):
-            if table is not None:
-                table.free(seq_id)
+        self._live -= 1
+        self._new = [s for s in self._new if s is not seq]
+        if row.penalty is not None:
+            self._penalty.free(row.penalty)
+        if row.bias is not None:
+            self._bias.free(row.bias)
 
     def _make_rows(self, vocab: int) -> None:
         if self._penalty is None:
-            self._penalty = RowTable(vocab, self.device, fill=(1.0, 0.0))
-            self._bias = RowTable(vocab, self.device, fill=(0.0,))
+            self._penalty = RowTable(vocab, self.device, fill=(1.0, 0.0), name="penalty")
+            self._bias = RowTable(vocab, self.device, fill=(0.0,), name="bias")
 
         def ids(tokens) -> torch.Tensor:
             return torch.tensor([t for t in tokens if t < vocab], dtype=torch.long, device=self.device)
 
         for seq in self._new:
-            p, state = seq.sampling, self._rows[seq.seq_id]
+            p, state = seq.sampling, seq.controls
             if p.penalized:
-                self._penalty.add(seq.seq_id)[FACTOR, ids(state.prompt_ids)] = p.repetition_penalty
+                state.penalty = self._penalty.add()
+                self._penalty.data[state.penalty, FACTOR, ids(state.prompt_ids)] = p.repetition_penalty
                 state.prompt_ids = []
             if p.masked:
-                row = self._bias.add(seq.seq_id)[0]
+                state.bias = self._bias.add()
+                row = self._bias.data[state.bias, 0]
                 if p.allowed_token_ids:
                     row.fill_(NEG_INF)[ids(p.allowed_token_ids)] = 0.0
                 entries = [(t, b) for t, b in p.logit_bias if t < vocab]
@@ -139,7 +133,7 @@ class LogitsControls:
     def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         """logits [rows, vocab] (row i is seqs[i]'s) -> the controlled logits, a new float32 tensor; `logits` itself
         is returned unchanged when no row has a control."""
-        if not self._rows or not any(s.seq_id in self._rows for s in seqs):
+        if not self._live or all(s.controls is None for s in seqs):
             return logits
         self._make_rows(logits.shape[-1])
         bias_rows, bias_slots = self._bias.members(seqs)
@@ -193,7 +187,7 @@ class LogitsControls:
         rows: list[int] = []
         ids: list[int] = []
         for i, s in enumerate(seqs):
-            state = self._rows.get(s.seq_id)
+            state = s.controls
             if state is None or not (state.prefixed or state.stops):
                 continue
             out = s.output_ids
@@ -220,7 +214,7 @@ class LogitsControls:
             return
         factors, minus = [], []
         for i in rows:
-            p, generated = seqs[i].sampling, self._rows[seqs[i].seq_id].generated
+            p, generated = seqs[i].sampling, seqs[i].controls.generated
             factors.append(p.repetition_penalty)
             minus.append(-p.frequency_penalty - (p.presence_penalty if tokens[i] not in generated else 0.0))
             generated.add(tokens[i])

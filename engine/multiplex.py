@@ -25,7 +25,7 @@ import grpc
 
 from splice.call_guard import RpcMetrics
 from splice.errors import InvalidArgument, Unavailable
-from splice.grpc_errors import _status
+from splice.grpc_errors import status_of
 from splice.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Multiplexer:
                 self._metrics.finish(grpc.StatusCode.CANCELLED, time.perf_counter() - start)
             raise
         except Exception as exc:
-            code, message = _status(exc)
+            code, message = status_of(exc)
             if code.name == "INTERNAL":
                 log.error("Multiplex call %d failed", call_id, exc_info=exc)
             self._calls.pop(call_id, None)

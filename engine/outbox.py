@@ -24,10 +24,9 @@ Item = EngineOutput | BaseException  # an exception ends the stream (error, abor
 
 @dataclass(eq=False)
 class Listener:
-    """Where one sequence's outputs go. Everything but `loop`, `arrival` and `interval` is touched only on `loop`."""
+    """Where one sequence's outputs go. Everything but `loop` and `interval` is touched only on `loop`."""
 
     loop: asyncio.AbstractEventLoop
-    arrival: float = 0.0  # time.perf_counter() when generate() was called: time to first token
     interval: int = 1  # tokens to collect before waking the consumer again, once its first output went out
     pending: list[Item] = field(default_factory=list)
     pending_tokens: int = 0

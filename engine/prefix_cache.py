@@ -23,15 +23,20 @@ paged cache does: an index_select of each row's whole context per layer and forw
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from engine.config import EngineConfig
 from engine.encoder_cache import content_key
+from engine.models.base import ModelFamily
 from engine.models.slot_cache import SlotKV, lazy_zeros
 from splice.engine_request import IMAGE_EMBEDS, EngineRequest
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's
 
@@ -135,10 +140,39 @@ def prefix_keys(req: EngineRequest, block_size: int, root: bytes, image_token_id
     return PrefixKeys(keys, cuts, list(ids[blocks * block_size:]), extras[blocks], root)
 
 
+def request_keys(req: EngineRequest, family: ModelFamily, fingerprint: str, block_size: int) -> PrefixKeys:
+    """The keys of `req`'s whole blocks, its pictures as `family`'s vision tower encodes them."""
+    inputs = req.model_inputs
+    pieces = family.image_pieces(inputs) if inputs and IMAGE_EMBEDS not in inputs else []
+    rows = [family.images.expected_rows(p) for p in pieces]
+    root = cache_root(fingerprint, block_size, req.sampling.cache_salt)
+    return prefix_keys(req, block_size, root, family.image_token_id, pieces, rows, req.image_keys,
+                       family.images_both_ways)
+
+
 def cache_root(fingerprint: str, block_size: int, salt: str | None) -> bytes:
     """The parent of a request's first block: the model, the block size and the request's cache_salt."""
     return hashlib.sha256(f"splice-prefix|{fingerprint}|{block_size}|".encode() + (salt or "").encode()
                           + (b"|salted" if salt else b"")).digest()
+
+
+def for_engine(cfg: EngineConfig, family: ModelFamily) -> PrefixCache | None:
+    """The prefix cache, where it is on and can serve this model; one log line says why not otherwise."""
+    if not cfg.enable_prefix_caching or not cfg.prefix_cache_mb:
+        return None
+    if cfg.tensor_parallel_size > 1:
+        log.info("prefix caching is off: not implemented for tensor parallelism (--tensor-parallel-size %d)",
+                 cfg.tensor_parallel_size)
+        return None
+    if not family.cache.chunkable:
+        log.info("prefix caching is off for the %s family: its recurrent layers' state is not kept at block "
+                 "boundaries (the encoder cache still applies)", family.name)
+        return None
+    log.info("prefix caching on: blocks of %d positions within %d MiB", cfg.block_size, cfg.prefix_cache_mb)
+    if cfg.simulate_forward_ms is not None:
+        log.info("prefix caching under --simulate-forward-ms: keys are made, but a simulated forward writes no "
+                 "key/value columns, so no block is kept and no prompt hits")
+    return PrefixCache(cfg.block_size, cfg.prefix_cache_mb << 20)
 
 
 class PrefixCache:
@@ -170,6 +204,13 @@ class PrefixCache:
                 break
             found += 1
         return keys.hit_blocks(found, limit)
+
+    def hit(self, keys: PrefixKeys | None, prompt_len: int) -> int:
+        """Positions of a prompt of `prompt_len` positions with `keys` the cache holds now: whole blocks, its last
+        position never (its logits are needed)."""
+        if keys is None:
+            return 0
+        return self.match(keys, (prompt_len - 1) // self.block_size) * self.block_size
 
     def reset(self) -> None:
         """Forgets every block (the pools stay reserved)."""

@@ -1,4 +1,5 @@
-"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator.
+"""Next-token choice for a batch: greedy, temperature, min-p, top-k, top-p, each row with its own generator; and
+`Sampler`, which keeps each sequence's sampling state on its record and runs a step's sampling in vLLM's order.
 
 `logits` come in already through engine/logits_controls.py (penalties and masks), which greedy rows follow too;
 min-p, top-k and top-p shape only the sampled rows' distribution (after temperature, in vLLM's order). A row's draw
@@ -14,6 +15,11 @@ import random
 
 import torch
 
+from engine.grammar_masks import GrammarMasks
+from engine.logits_controls import LogitsControls
+from engine.scheduler import StepOutput
+from engine.sequence import Sequence
+from splice.engine_request import EngineRequest
 from splice.sampling import SamplingParams
 
 Top = tuple[tuple[int, ...], tuple[float, ...]]  # a row's most likely tokens and their logprobs, most likely first
@@ -25,7 +31,7 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return g
 
 
-def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def top_k_top_p(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """[vocab] logits with everything outside top-k / top-p set to -inf."""
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
@@ -40,7 +46,7 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+def below_min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     """[rows, vocab] temperature-scaled logits whose row max is 0 -> [rows, vocab] bool: the tokens whose probability
     is below min_p x their row's top probability (HF's MinPLogitsWarper, vLLM's min_p; the top token always stays).
     With the top logit at 0 that ratio is exp(logit), so the test needs no softmax: logit < log(min_p)."""
@@ -63,13 +69,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         # shifted by the row max first: the largest scaled logit is 0, so no temperature can overflow it
         scaled = (rows - rows.amax(-1, keepdim=True)) / temps
         if any(params[r].min_p for r in sampled):
-            scaled = scaled.masked_fill(_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
+            scaled = scaled.masked_fill(below_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
         probs = scaled.softmax(-1)  # [sampled, vocab]
         race = torch.empty_like(probs)  # [sampled, vocab]
         for k, row in enumerate(sampled):
             p = params[row]
             if p.top_k or p.top_p < 1.0:  # top-k / top-p per row, on what min-p left
-                probs[k] = _filter(scaled[k], p).softmax(-1)
+                probs[k] = top_k_top_p(scaled[k], p).softmax(-1)
             race[k].exponential_(generator=generators[row])
         # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1) from the row's generator), for all
         # rows at once: the same tokens as a multinomial per row, without its per-row checks and host syncs
@@ -92,3 +98,53 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 listed = torch.tensor(p.logprob_token_ids, device=every.device)
                 tops[r] = (p.logprob_token_ids, tuple(every[r, listed].tolist()))
     return chosen.tolist(), logprobs, tops
+
+
+class Sampler:
+    """One step's sampling over its rows: the grammars' masks first (vLLM's order: the penalties and the logprobs see
+    the masked distribution), then the penalties and masks (engine/logits_controls.py), then `sample`, each row with
+    its own generator; the chosen tokens then go into the controls and the grammars. A sequence's state is made when
+    its prompt is in (`start`) and lives on its record. Engine thread only."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.controls = LogitsControls(device)  # penalties and masks: per-sequence rows, batched apply
+        self.masks = GrammarMasks()  # structured outputs: the constrained rows' batched mask
+
+    def start(self, seqs: list[Sequence], req: EngineRequest) -> None:
+        """`seqs` (a request's choices) decode from now on the prompt of `req`: each gets its generator, its controls
+        and its grammar's matcher."""
+        if any(s.sampling.repetition_penalty != 1.0 for s in seqs) and req.embed_spans:  # supplied rows are no tokens
+            covered = {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
+            prompt_ids = [t for i, t in enumerate(req.token_ids) if i not in covered]
+        else:
+            prompt_ids = req.token_ids
+        for seq in seqs:
+            seq.generator = make_generator(seq.sampling.seed, self.device)
+            self.controls.start(seq, prompt_ids)
+            if seq.grammar is not None:  # each choice follows the grammar with its own matcher
+                self.masks.start(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.controls.release(seq)
+        seq.generator = seq.matcher = None
+
+    def step(self, rows: list[Sequence], done: list[tuple[int, Sequence]],
+             logits: torch.Tensor | None) -> tuple[StepOutput, list[Top | None]]:
+        """A step's logits [rows + completed prompts, vocab] -> a token for each decoding row (logits row i is
+        rows[i]'s) and each prompt in `done` ((its logits row after the rows', it)) and its other choices, which take
+        their first token from its row; with each one's logprob and top logprobs."""
+        seqs, index = list(rows), list(range(len(rows)))
+        for row, seq in done:
+            seqs += [seq, *seq.forks]
+            index += [len(rows) + row] * (1 + len(seq.forks))
+        if not seqs:
+            return StepOutput([], [], [], [], set()), []
+        if index != list(range(logits.shape[0])):  # choices, or rows of failed prompts
+            logits = logits[torch.tensor(index, device=logits.device)]
+        logits = self.masks.apply(logits, seqs)  # `logits` itself when no row has a grammar
+        controlled = self.controls.apply(logits, seqs)  # [rows, vocab]; `logits` itself when no row has a control
+        tokens, logprobs, tops = sample(controlled, [s.sampling for s in seqs], [s.generator for s in seqs], raw=logits)
+        self.controls.record(seqs, tokens)
+        stops = self.masks.advance(seqs, tokens)
+        return StepOutput([s for _, s in done], seqs, tokens, logprobs, stops), tops

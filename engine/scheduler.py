@@ -1,4 +1,5 @@
-"""Iteration-level scheduler: which sequences the next forward runs. Never imports torch.
+"""Iteration-level scheduler: which sequences the next forward runs (`schedule`), and what the step did to them
+(`update`, as vLLM's update_from_output and nano-vllm's postprocess). Never imports torch.
 
 Each step is one decode position for every running sequence plus a prefill of newly admitted ones (their first
 token comes out). Admission happens at every step boundary, so new requests join without waiting for running
@@ -7,14 +8,18 @@ sequence; counted padded to the longest, unless the family packs the step into o
 and the prompts' own lengths are what it costs — their padded size still within `max_batch_tokens`, for the
 two-forward fallback), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running
 streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
-per step (a PrefillChunk), and decodes once its last chunk is in. An idle engine admits up to `max_batch_tokens` at
+per step (a Span of it), and decodes once its last part is in. An idle engine admits up to `max_batch_tokens` at
 once. Finished and aborted ones leave at the boundary they finish on.
 
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
 
-A request of n > 1 choices is one sequence until its prompt is in, then n (`fork`): it is admitted only where all n
-fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
+A request of n > 1 choices is one sequence until its prompt is in, then n (`update` starts them): it is admitted only
+where all n fit in `max_running_seqs`, and the slots of the n - 1 others stay reserved until they start or it ends.
+
+After each step `update` records what it gave (a StepOutput, plain values): every sampled row's token (a sequence
+ends on a stop ID, max_tokens, the context, or a complete grammar), each prompt's progress (`Sequence.computed`, the
+one counter of how far a sequence is: a long prompt's next part starts there), and the choices that start.
 """
 
 from __future__ import annotations
@@ -38,27 +43,33 @@ def mixed_prefill_default(gpu: bool) -> int:
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
-    seq: Sequence  # RUNNING, not yet decoding
-    start: int  # prompt positions already cached
-    end: int  # prefill through this position (exclusive); the prompt's length on its last chunk
+class Span:
+    seq: Sequence  # RUNNING, its prompt not yet all computed
+    start: int  # prompt positions already computed (its cached prefix, or its parts so far)
+    end: int  # computed through this position (exclusive); the prompt's length on its last part
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    prefill: list[Sequence] = field(default_factory=list)  # newly admitted, now RUNNING; prefill them
-    decode: list[Sequence] = field(default_factory=list)  # running before this step; advance each by one token
-    chunk: PrefillChunk | None = None  # the next part of a long prompt's prefill
+    decode: list[Sequence] = field(default_factory=list)  # running before this step; each computes one position more
+    # this step's prompt positions: the prompts admitted in it, whole (after their cached prefix), or the next part of
+    # a long one (then alone)
+    prefill: list[Span] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not self.prefill and not self.decode and self.chunk is None
+        return not self.prefill and not self.decode
 
-    @property
-    def parts(self) -> list[PrefillChunk]:
-        """This step's prompt positions: each admitted prompt whole (after its cached prefix), or the next part of a
-        long one."""
-        return [PrefillChunk(s, s.cached, s.prompt_len) for s in self.prefill] + ([self.chunk] if self.chunk else [])
+
+@dataclass
+class StepOutput:
+    """What a step gave, for `Scheduler.update` (no tensors)."""
+
+    done: list[Sequence]  # the prompts completed in it (a long prompt's may end past its span: prefilled whole)
+    rows: list[Sequence]  # the rows sampled: the decoding ones, the completed prompts and their other choices
+    tokens: list[int]  # each row's token
+    logprobs: list[float | None]  # its logprob, for rows that asked
+    stops: set[int]  # rows whose structured output is complete: they end (stop)
 
 
 class Scheduler:
@@ -75,7 +86,6 @@ class Scheduler:
         self.max_queue = max_queue
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.prefilling: Sequence | None = None  # running, its long prompt prefilled over several steps
         self.reserved = 0  # running slots promised to the other choices of admitted n > 1 requests, not yet started
         self.lookup = lookup
 
@@ -106,21 +116,24 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    @property
+    def prefilling(self) -> Sequence | None:
+        """The running sequence whose long prompt is being prefilled over several steps, if any."""
+        return next((s for s in self.running if s.prefilling), None)
+
     def schedule(self) -> SchedulerOutput:
-        decode = [s for s in self.running if s is not self.prefilling]
+        decode = [s for s in self.running if not s.prefilling]
         budget = min(self.max_batch_tokens, self.mixed_prefill_tokens) if decode else self.max_batch_tokens
-        if self.prefilling is not None:  # nothing else is admitted until its prompt is in
+        if len(decode) < len(self.running):  # a long prompt: nothing else is admitted until it is in
             seq = self.prefilling
-            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, seq.prefilled,
-                                                                     min(seq.prompt_len, seq.prefilled + budget)))
+            return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))])
         room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
         cached = self._cached(self.waiting[0]) if room else 0
         if decode and room and self.waiting[0].prompt_len - cached > budget:  # its rest goes over several steps
-            seq = self.prefilling = self.waiting.popleft()
-            seq.prefilled = seq.cached = cached
-            self._admit(seq)
-            return SchedulerOutput(decode=decode, chunk=PrefillChunk(seq, cached, cached + budget))
-        admitted: list[Sequence] = []
+            seq = self.waiting.popleft()
+            self._admit(seq, cached)
+            return SchedulerOutput(decode, [Span(seq, cached, cached + budget)])
+        admitted: list[Span] = []
         longest = total = 0
         while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
             seq = self.waiting[0]
@@ -131,43 +144,52 @@ class Scheduler:
             cost = total + rest if decode and self.packs_mixed_steps else padded
             if admitted and (cost > budget or padded > self.max_batch_tokens):
                 break
-            seq.prefilled = seq.cached = cached
-            self._admit(self.waiting.popleft())
-            admitted.append(seq)
+            self._admit(self.waiting.popleft(), cached)
+            admitted.append(Span(seq, cached, seq.prompt_len))
             longest = max(longest, rest)
             total += rest
-        return SchedulerOutput(prefill=admitted, decode=decode)
+        return SchedulerOutput(decode, admitted)
 
     def _cached(self, seq: Sequence) -> int:
         return self.lookup(seq) if self.lookup is not None else 0
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence, cached: int) -> None:
         seq.status = SeqStatus.RUNNING
+        seq.computed = seq.cached = cached
         self.running.append(seq)
         self.reserved += len(seq.forks)
 
-    def fork(self, seq: Sequence) -> list[Sequence]:
-        """`seq`'s prompt is in: its other choices start now, RUNNING beside it in the slots reserved for them."""
-        children, seq.forks = seq.forks, []
-        self.reserved -= len(children)
-        for child in children:
-            child.status = SeqStatus.RUNNING
-            child.prefilled = child.prompt_len
-        self.running.extend(children)
-        return children
-
-    def chunk_done(self, seq: Sequence, end: int) -> None:
-        """`seq`'s prompt is cached through `end`; at its length the sequence decodes from the next step."""
-        seq.prefilled = end
-        if end >= seq.prompt_len and seq is self.prefilling:
-            self.prefilling = None
+    def update(self, out: SchedulerOutput, step: StepOutput) -> list[Sequence]:
+        """After `out` ran: each prompt is as far as its span (a completed one, all of it: its other choices start,
+        RUNNING beside it in the slots reserved for them), each decoding row one position further, and every sampled
+        row takes its token. Returns the sequences that end here (stop or length). A sequence finished while the step
+        ran (its prefill failed) stays as it ended."""
+        for span in out.prefill:
+            span.seq.computed = span.end
+        for seq in out.decode:
+            seq.computed += 1
+        for seq in step.done:
+            seq.computed = seq.prompt_len
+            children, seq.forks = seq.forks, []
+            self.reserved -= len(children)
+            for child in children:
+                child.status = SeqStatus.RUNNING
+                child.computed = child.cached = seq.prompt_len
+            self.running.extend(children)
+        ended: list[Sequence] = []
+        for k, (seq, token, logprob) in enumerate(zip(step.rows, step.tokens, step.logprobs, strict=True)):
+            reason = seq.append(token, logprob)
+            if reason is None and k in step.stops:
+                reason = FinishReason.STOP
+            if reason is not None:
+                self.finish(seq, reason)
+                ended.append(seq)
+        return ended
 
     def finish(self, seq: Sequence, reason: FinishReason, error: BaseException | None = None) -> None:
         """Ends `seq` wherever it is (waiting or running)."""
         if seq.is_finished:
             return
-        if seq is self.prefilling:
-            self.prefilling = None
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self.reserved -= len(seq.forks)  # (choices that never started: finish() drops them)
@@ -176,8 +198,8 @@ class Scheduler:
         seq.finish(reason, error)
 
     def drain_aborts(self) -> list[Sequence]:
-        """Finishes every sequence whose abort was requested; returns those that were running."""
-        was_running = [s for s in self.running if s.abort_requested]
-        for seq in [*was_running, *(s for s in self.waiting if s.abort_requested)]:
+        """Finishes every sequence whose abort was requested (running or waiting) and returns them."""
+        aborted = [s for s in (*self.running, *self.waiting) if s.abort_requested]
+        for seq in aborted:
             self.finish(seq, FinishReason.ABORT)
-        return was_running
+        return aborted

@@ -32,7 +32,7 @@ from splice.errors import FailedPrecondition
 log = logging.getLogger(__name__)
 
 # The model calls every rank runs, by the role of the object they are made on.
-LOCKSTEP_CALLS: dict[str, tuple[str, ...]] = {"runner": ("step", "fork", "remove", "clear"),
+LOCKSTEP_CALLS: dict[str, tuple[str, ...]] = {"runner": ("execute", "remove", "clear"),
                                                "family": ("prompt",)}
 INIT_TIMEOUT = timedelta(minutes=10)  # loading a large checkpoint on every rank
 

@@ -1,4 +1,4 @@
-"""Re-validation of an EngineRequest against what this engine serves (DESIGN.md engine step 1).
+"""Re-validation of an EngineRequest against what this engine serves (docs/architecture.md, engine step 1).
 
 The preprocessor checks the same rules (splice.request_rules); the engine checks again because it is the
 one that would index out of bounds or merge the wrong rows. Only the image rule needs the model. Every

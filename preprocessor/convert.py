@@ -22,7 +22,14 @@ from preprocessor.content import (
     Where,
 )
 from preprocessor.template_args import template_arguments
-from preprocessor.tools.request import ToolRequest, ToolSettings, checked_tools, message_fields, tool_request
+from preprocessor.tools.request import (
+    ToolRequest,
+    ToolSettings,
+    check_tool_count,
+    checked_tools,
+    message_fields,
+    tool_request,
+)
 from splice.errors import InvalidArgument
 from splice.v1 import preprocessor_pb2
 
@@ -98,8 +105,10 @@ def struct_from_pb(pb: struct_pb2.Struct) -> dict[str, Any]:
     return _whole(json_format.MessageToDict(pb))
 
 
-def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | None = None) -> Conversation:
-    """The same Conversation as the same request on the HTTP face (http/convert.conversation_from_http)."""
+def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | None = None,
+                         tools: ToolRequest | None = None) -> Conversation:
+    """The same Conversation as the same request on the HTTP face (http/convert.conversation_from_http). `tools`: the
+    request's, checked already (tools_from_pb); else they are checked here."""
     kwargs = struct_from_pb(pb.chat_template_kwargs) if pb.HasField("chat_template_kwargs") else None
     documents = [struct_from_pb(d) for d in pb.documents] if len(pb.documents) else None
     effort = pb.reasoning_effort if pb.HasField("reasoning_effort") else None
@@ -107,7 +116,8 @@ def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | 
         messages=tuple(message_from_pb(m, i, streamed) for i, m in enumerate(pb.messages)),
         add_generation_prompt=pb.add_generation_prompt if pb.HasField("add_generation_prompt") else True,
         chat_template=pb.chat_template if pb.HasField("chat_template") else None,
-        template_kwargs=template_arguments(kwargs, documents, effort, checked_tools(_tools(pb))),
+        template_kwargs=template_arguments(kwargs, documents, effort,
+                                           list(tools.tools) if tools is not None else checked_tools(_tools(pb))),
         continue_final_message=pb.continue_final_message,
         add_special_tokens=pb.add_special_tokens,
         mm_processor_kwargs=struct_from_pb(pb.mm_processor_kwargs) if pb.HasField("mm_processor_kwargs") else {},
@@ -115,6 +125,7 @@ def conversation_from_pb(pb: preprocessor_pb2.ChatRequest, streamed: Streamed | 
 
 
 def _tools(pb: preprocessor_pb2.ChatRequest) -> list[dict[str, Any]]:
+    check_tool_count(len(pb.tools))  # (before any is converted)
     return [struct_from_pb(t) for t in pb.tools]
 
 

@@ -28,7 +28,7 @@ from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
 from preprocessor.tools.parsers import get_parser
 from splice.errors import InvalidArgument
-from splice.grammar import JSON_KINDS
+from splice.grammar import WHITESPACE_KINDS
 from splice.grammar import check as check_grammar
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
@@ -54,6 +54,12 @@ def _inline(parts: Iterable[object], chars: int = 0) -> bool:
         if chars > INLINE_NORMALIZE_CHARS:
             return False
     return True
+
+
+def _plain_kwargs(kwargs: dict) -> bool:
+    """Template arguments cheap to check on the loop: a few scalars (tools and documents are not)."""
+    return len(kwargs) <= 8 and all(v is None or isinstance(v, (bool, int, float)) or
+                                    (isinstance(v, str) and len(v) <= INLINE_NORMALIZE_CHARS) for v in kwargs.values())
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ class PreprocessorCore:
         """`sampling` as this server serves it: a JSON grammar without whitespace when the server says so
         (--structured-outputs-config disable_any_whitespace), as a request may say for itself."""
         so = sampling.structured
-        if so is None or so.kind not in JSON_KINDS or not self.limits.disable_any_whitespace:
+        if so is None or so.kind not in WHITESPACE_KINDS or not self.limits.disable_any_whitespace:
             return sampling
         return dataclasses.replace(sampling, structured=dataclasses.replace(so, disable_any_whitespace=True))
 
@@ -153,18 +159,22 @@ class PreprocessorCore:
         contacted."""
         arrival = time.perf_counter()
         check_max_tokens(sampling, self.info)
-        self.check_conversation(conv)
-        _check_structured(sampling)
         sampling = self._served(sampling)
-        _check_prompt_logprobs(sampling, conv.parts(Embeds))
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
-        # short text (INLINE_NORMALIZE_CHARS): image processing and tensor decoding would stall every other stream.
+        # short text (INLINE_NORMALIZE_CHARS) with plain template arguments and no structured output: checking a spec,
+        # image processing, tensor decoding and long conversations would stall every other stream.
+        inline = _plain_kwargs(conv.template_kwargs) and sampling.structured is None and \
+            _inline(p for m in conv.messages for p in m.parts)
+        await inline_or_thread(inline, self._check_chat, conv, sampling)
         rendered = await self._prerendered(conv)
-        kwargs = len(str(conv.template_kwargs)) if conv.template_kwargs else 0  # (tools, documents: rendered too)
-        inline = _inline((p for m in conv.messages for p in m.parts), kwargs)
         normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
         _record("chat", normalized, arrival, conv.image_count)
         return Prepared("chat", (normalized,), arrival)
+
+    def _check_chat(self, conv: Conversation, sampling: SamplingParams) -> None:
+        self.check_conversation(conv)
+        _check_structured(sampling)
+        _check_prompt_logprobs(sampling, conv.parts(Embeds))
 
     async def prepare_complete(self, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
                                request_id: str = "", add_special_tokens: bool = True) -> Prepared:
@@ -179,7 +189,8 @@ class PreprocessorCore:
         check_max_tokens(sampling, self.info)
         for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
             check_prompt(prompt, self.info, self.files, self.limits)
-        _check_structured(sampling)
+        if sampling.structured is not None:  # (xgrammar parses it off the loop)
+            await asyncio.to_thread(_check_structured, sampling)
         sampling = self._served(sampling)
         _check_prompt_logprobs(sampling, [p for prompt in prompts for p in prompt if isinstance(p, Embeds)])
         embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)

@@ -22,6 +22,7 @@ import torch
 
 from preprocessor.content import Where
 from splice.errors import InvalidArgument
+from splice.families import by_processor
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class Family:
         raise NotImplementedError
 
 
-class Llava(Family):
-    """One fixed run per image: the processed pictures' size (its shape is all the processor reads)."""
+class Fixed(Family):
+    """LLaVA: a fixed run per image; the processor reads only the processed pictures' size (their shape)."""
 
     def outputs(self, processor: Any, images: list[Given], bounds: Bounds) -> dict[str, Any]:
         ip = processor.image_processor
@@ -217,17 +218,20 @@ class SoftTokens(Family):
         return {"num_soft_tokens_per_image": [g.rows for g in images]}
 
 
-# processor class -> its family's geometry
-FAMILIES: dict[str, Family] = {
-    "LlavaProcessor": Llava(),
-    "Idefics3Processor": Tiles(),
-    "SmolVLMProcessor": Tiles(),
-    "Qwen2VLProcessor": PatchGrid(),
-    "Qwen2_5_VLProcessor": PatchGrid(),
-    "Qwen3VLProcessor": PatchGrid(),
-    "LlavaOnevisionProcessor": AnyRes(),
-    "Gemma3Processor": Crops(),
-    "Gemma4Processor": SoftTokens(),
-    "Lfm2VlProcessor": SmartTiles(),
-    "NemotronH_Omni_Reasoning_V3Processor": HwGrid(),
+# geometry kind (splice/families.py `geometry`) -> what a family's image_embeds carry and make
+GEOMETRIES: dict[str, Family] = {
+    "fixed": Fixed(),
+    "tiles": Tiles(),
+    "smart_tiles": SmartTiles(),
+    "patch_grid": PatchGrid(),
+    "hw_grid": HwGrid(),
+    "any_res": AnyRes(),
+    "crops": Crops(),
+    "soft_tokens": SoftTokens(),
 }
+
+
+def geometry_for(processor_class: str) -> Family | None:
+    """The geometry of the family whose processors are of class `processor_class`; None where none is declared."""
+    declared = by_processor(processor_class)
+    return GEOMETRIES[declared.geometry] if declared is not None and declared.geometry is not None else None

@@ -30,7 +30,7 @@ from PIL import Image as PILImage
 from preprocessor.admission import charge
 from preprocessor.content import Conversation, GeometryValue, Image, ImageEmbeds, Where
 from preprocessor.embeds import decode_embeds, load_torch_save
-from preprocessor.embeds_geometry import FAMILIES, Bounds, Family, Given
+from preprocessor.embeds_geometry import Bounds, Family, Given, geometry_for
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles
 from preprocessor.torch_archive import check_archive
@@ -104,7 +104,7 @@ def check_allowed(conv: Conversation, limits: Limits) -> None:
 
 def _family(files: ModelFiles, where: Where) -> Family:
     name = type(files.processor).__name__ if files.processor is not None else ""
-    family = FAMILIES.get(name)
+    family = geometry_for(name)
     if family is None:
         raise FailedPrecondition(f"{where}: image_embeds are not served for this model's processor ({name or 'none'})")
     return family

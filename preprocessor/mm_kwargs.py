@@ -15,6 +15,7 @@ from typing import Any
 
 from preprocessor.model_files import ModelFiles
 from splice.errors import InvalidArgument
+from splice.families import by_processor
 
 Check = Callable[[str, Any, Any], None]  # (key, value, the image processor): raises InvalidArgument
 
@@ -32,17 +33,8 @@ def _pixels(key: str, value: Any, image_processor: Any) -> None:
                               f"max_pixels), got {value!r}")
 
 
-_QWEN_VL: dict[str, Check] = {"min_pixels": _pixels, "max_pixels": _pixels}
-_IDEFICS3: dict[str, Check] = {"do_image_splitting": _flag}
-
-# processor class -> the arguments it takes from a request
-TAKES: dict[str, dict[str, Check]] = {
-    "Qwen2VLProcessor": _QWEN_VL,
-    "Qwen2_5_VLProcessor": _QWEN_VL,
-    "Qwen3VLProcessor": _QWEN_VL,
-    "Idefics3Processor": _IDEFICS3,
-    "SmolVLMProcessor": _IDEFICS3,
-}
+# an argument a family may take (splice/families.py `mm_kwargs`) -> its check
+CHECKS: dict[str, Check] = {"min_pixels": _pixels, "max_pixels": _pixels, "do_image_splitting": _flag}
 
 
 def processor_kwargs(requested: dict[str, Any], files: ModelFiles) -> dict[str, Any]:
@@ -51,7 +43,8 @@ def processor_kwargs(requested: dict[str, Any], files: ModelFiles) -> dict[str, 
         return {}
     processor = files.processor
     name = type(processor).__name__ if processor is not None else None
-    takes = TAKES.get(name or "", {})
+    declared = by_processor(name or "")
+    takes = {key: CHECKS[key] for key in declared.mm_kwargs} if declared is not None else {}
     unknown = sorted(set(requested) - set(takes))
     if unknown:
         offer = f"it takes {sorted(takes)}" if takes else "it takes none"

@@ -27,6 +27,7 @@ from preprocessor.template import RenderJob, check_template_policy, render, requ
 from preprocessor.validate import check_embeds_supported, check_images_supported
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition, InvalidArgument
+from splice.json_depth import MAX_JSON_DEPTH
 from splice.model_info import ModelInfo
 from splice.request_rules import check_ids, check_length, check_request, check_rows
 from splice.sampling import SamplingParams
@@ -44,8 +45,9 @@ class Normalized:
     raw_ids: tuple[int, ...]  # chat: expanded IDs before consumption (sentinels in place); Complete: the IDs
 
 
-# Template kwargs are caller data the template may print anywhere; nested values are walked this deep.
-MAX_KWARGS_DEPTH = 32
+# Template kwargs are caller data the template may print anywhere; nested values are walked this deep: the JSON cap
+# (splice/json_depth.py) below the `tools` list's level and its items' scalars, which tools are checked against first.
+MAX_KWARGS_DEPTH = MAX_JSON_DEPTH + 2
 
 
 def kwarg_strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str, str]]:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from preprocessor.pil_image_processors import SUBSTITUTES
+from preprocessor.pil_image_processors import substitute_for
 
 # The parts a chat with images cannot do without; any other part may be left out.
 REQUIRED = ("tokenizer", "image_processor")
@@ -82,7 +82,7 @@ def _image_processor(path: str) -> Any:
     from transformers import AutoImageProcessor
 
     saved = _saved_image_settings(Path(path))
-    substitute = SUBSTITUTES.get(saved.get("image_processor_type", ""))
+    substitute = substitute_for(saved.get("image_processor_type", ""))
     if substitute is not None:
         return substitute.from_dict(saved)
     return AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")

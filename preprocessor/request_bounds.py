@@ -26,6 +26,9 @@ from splice.errors import InvalidArgument
 from splice.model_info import ModelInfo
 
 MIN_CHARS_PER_TOKEN = 32
+# A request message (HTTP body, gRPC message) up to this size is decoded on the event loop: at most a few milliseconds,
+# less than a thread's hand-off for most. A larger one is parsed and converted in a thread (http/body.py, servicer.py).
+INLINE_REQUEST_BYTES = 64 * 1024
 
 
 def max_chars(info: ModelInfo, files: ModelFiles) -> int:

@@ -9,13 +9,17 @@ from contextlib import aclosing
 import grpc
 
 from preprocessor.admission import Admission, Ticket
+from preprocessor.content import Conversation
 from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb, tools_from_pb
 from preprocessor.core import PreprocessorCore
-from preprocessor.request_bounds import check_counts_only
+from preprocessor.request_bounds import INLINE_REQUEST_BYTES, check_counts_only
 from preprocessor.tools.answer import tool_chunks
 from preprocessor.tools.choice import constrain, constraint_for
+from preprocessor.tools.request import ToolRequest
 from preprocessor.upload import UploadAssembler
 from splice.errors import DeadlineExceeded, InvalidArgument
+from splice.offload import inline_or_thread
+from splice.request_rules import VOCABULARY_BOUNDED, check_control_counts
 from splice.sampling import SamplingParams
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 
@@ -31,12 +35,35 @@ async def _next_part(parts: AsyncIterator[preprocessor_pb2.UploadPart], received
                                f"abandoned (--upload-idle-timeout)") from None
 
 
-def _conversation(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest, streamed=None):
+def _conversation(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest, streamed=None,
+                  tools: ToolRequest | None = None) -> Conversation:
     """The request's conversation; its message and part counts checked first (request_bounds.py): converting 100k
     messages would take a second of its own."""
     parts = sum(len(m.content) or 1 for m in request.messages)
     check_counts_only(len(request.messages), parts, core.info)
-    return conversation_from_pb(request, streamed)
+    return conversation_from_pb(request, streamed, tools)
+
+
+def _sampling(core: PreprocessorCore, pb: common_pb2.SamplingParams) -> SamplingParams:
+    """SamplingParams of `pb`, its token-ID controls counted first (a map of 8M logit_bias entries would become 8M
+    objects before any rule saw them)."""
+    check_control_counts({name: len(getattr(pb, name)) for name in VOCABULARY_BOUNDED}, core.info)
+    return SamplingParams.from_pb(pb)
+
+
+def _chat(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest,
+          streamed=None) -> tuple[ToolRequest | None, Conversation, SamplingParams]:
+    tools = tools_from_pb(request, core.limits.tools)
+    conv = _conversation(core, request, streamed, tools)
+    return tools, conv, constrain(_sampling(core, request.sampling), constraint_for(tools))
+
+
+async def _decoded_chat(core: PreprocessorCore, request: preprocessor_pb2.ChatRequest,
+                        streamed=None) -> tuple[ToolRequest | None, Conversation, SamplingParams]:
+    """`request` converted and checked: in a thread unless it is small and has no tools (tools_from_pb and converting
+    a long conversation grow with the request; the event loop serves every client)."""
+    inline = not len(request.tools) and request.ByteSize() <= INLINE_REQUEST_BYTES
+    return await inline_or_thread(inline, _chat, core, request, streamed)
 
 
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
@@ -50,9 +77,7 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Chat(self, request: preprocessor_pb2.ChatRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
-        tools = tools_from_pb(request, core.limits.tools)
-        conv = _conversation(core, request)
-        sampling = constrain(SamplingParams.from_pb(request.sampling), constraint_for(tools))
+        tools, conv, sampling = await _decoded_chat(core, request)
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
         async with aclosing(tool_chunks(core.chat(conv, sampling, request.request_id), tools,
                                         core.tool_parser)) as chunks:
@@ -63,8 +88,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
     async def Complete(self, request: preprocessor_pb2.CompleteRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[preprocessor_pb2.GenerationChunk]:
         core = self._core()
-        parts = prompt_from_pb(request)
-        sampling = SamplingParams.from_pb(request.sampling)
+        parts, sampling = await inline_or_thread(request.ByteSize() <= INLINE_REQUEST_BYTES, lambda: (
+            prompt_from_pb(request), _sampling(core, request.sampling)))
         async with aclosing(core.complete(parts, sampling, request.request_id,
                                           add_special_tokens_from_pb(request))) as chunks:
             async for chunk in chunks:
@@ -93,15 +118,12 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             if tickets:
                 tickets[0].place()
             request, streamed = upload.finish()
-            sampling = SamplingParams.from_pb(request.sampling)
             if isinstance(request, preprocessor_pb2.ChatRequest):
-                tools = tools_from_pb(request, core.limits.tools)
-                sampling = constrain(sampling, constraint_for(tools))
-                chunks = tool_chunks(core.chat(_conversation(core, request, streamed), sampling, request.request_id),
-                                     tools, core.tool_parser)
+                tools, conv, sampling = await _decoded_chat(core, request, streamed)
+                chunks = tool_chunks(core.chat(conv, sampling, request.request_id), tools, core.tool_parser)
             else:
-                chunks = core.complete(prompt_from_pb(request, streamed), sampling, request.request_id,
-                                       add_special_tokens_from_pb(request))
+                chunks = core.complete(prompt_from_pb(request, streamed), _sampling(core, request.sampling),
+                                       request.request_id, add_special_tokens_from_pb(request))
             async with aclosing(chunks) as chunks:
                 async for chunk in chunks:
                     for pb in chunk.to_pbs():
@@ -115,7 +137,8 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         core = self._core()
         kind = request.WhichOneof("input")
         if kind == "chat":
-            return (await core.tokenize_chat(_conversation(core, request.chat))).to_pb()
+            conv = await asyncio.to_thread(_conversation, core, request.chat)
+            return (await core.tokenize_chat(conv)).to_pb()
         if kind == "text":  # in a thread: long texts would stall every stream
             result = await asyncio.to_thread(core.tokenize_text, request.text, add_special_tokens_from_pb(request))
             return result.to_pb()

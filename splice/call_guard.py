@@ -30,7 +30,7 @@ import grpc
 
 from splice.drain import Drain
 from splice.errors import DeadlineExceeded, Unauthenticated
-from splice.grpc_errors import Malformed, _abort, _refuse, _tolerant
+from splice.grpc_errors import Malformed, abort_with, refusal, tolerant
 from splice.metrics.rpc import RPC_SECONDS, RPCS, RPCS_IN_FLIGHT
 
 PREFIX = "/splice.v1."
@@ -134,7 +134,7 @@ class CallGuard:
         """`handler` with the guard's work around it; handlers outside its prefixes are returned as they are."""
         if not method.startswith(self.prefixes):
             return handler
-        parse = _tolerant(handler.request_deserializer) or (lambda data: data)
+        parse = tolerant(handler.request_deserializer) or (lambda data: data)
         ser = handler.response_serializer
         if handler.request_streaming:
             inner = handler.stream_unary or handler.stream_stream
@@ -164,7 +164,7 @@ class CallGuard:
                 call.tickets.append(admission.enter(len(raw)))  # before parsing: a refused message is never parsed
             request = parse(raw)
             if isinstance(request, Malformed):
-                raise _refuse(method, request)
+                raise refusal(method, request)
             return request
 
         return prepare
@@ -204,7 +204,7 @@ class CallGuard:
 class _Call:
     """One guarded call around its preparation and its servicer: counted in the metrics from its start, in the
     drain once let in (`enter`), holding its admission tickets until it ends; an Exception becomes its status code
-    (`_abort`), after the rest of a refused client stream was read (`_drop_rest`), and the metrics record the
+    (`abort_with`), after the rest of a refused client stream was read (`_drop_rest`), and the metrics record the
     status the client gets. A class, not @asynccontextmanager: one object and two plain method calls per call."""
 
     __slots__ = ("context", "drain", "entered", "method", "metrics", "start", "tickets", "unread")
@@ -236,7 +236,7 @@ class _Call:
             if isinstance(exc, Exception):
                 if self.unread is not None and not isinstance(exc, DeadlineExceeded):  # (a silent stream)
                     await _drop_rest(self.unread)
-                await _abort(self.context, self.method, exc)  # raises the status the client gets
+                await abort_with(self.context, self.method, exc)  # raises the status the client gets
         except BaseException as aborted:
             final = aborted
             raise
@@ -252,7 +252,7 @@ async def _parsed_stream(raw: AsyncIterator[bytes], parse: Callable[[bytes], obj
     async for data in raw:
         request = parse(data)
         if isinstance(request, Malformed):
-            raise _refuse(method, request)
+            raise refusal(method, request)
         yield request
 
 

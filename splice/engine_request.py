@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -39,9 +38,6 @@ class EngineRequest:
     # engine-side, never on the wire: the content keys of its image pieces (engine/encoder_cache.py), hashed beside
     # validation off the engine loop; None = hashed at the prompt's merge
     image_keys: list[str] | None = None
-    # engine-side, never on the wire: the prefix cache's content keys of its whole blocks (engine/prefix_cache.py
-    # PrefixKeys), made beside validation; None = not cached
-    prefix_keys: Any = None
 
     @property
     def prompt_len(self) -> int:

@@ -27,7 +27,8 @@ class Malformed:
     reason: str
 
 
-def _tolerant(deserializer: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+def tolerant(deserializer: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+    """`deserializer`, answering Malformed instead of raising on bytes that do not parse."""
     if deserializer is None:
         return None
 
@@ -40,22 +41,25 @@ def _tolerant(deserializer: Callable[[bytes], object] | None) -> Callable[[bytes
     return deserialize
 
 
-def _refuse(method: str, bad: Malformed) -> InvalidArgument:
+def refusal(method: str, bad: Malformed) -> InvalidArgument:
+    """The INVALID_ARGUMENT a malformed request message of `method` gets (and its one log line)."""
     log.warning("%s: malformed request message (%s)", method, bad.reason)
     return InvalidArgument(f"the request message does not parse as {method.rsplit('/', 1)[-1]}'s request type: "
                            f"{bad.reason} (malformed protobuf or invalid UTF-8 in a string field)")
 
 
-def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and message `exc` is answered with: a SpliceError's own, INTERNAL for anything else."""
     if isinstance(exc, SpliceError):
         return grpc.StatusCode[exc.code], exc.message
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
-async def _abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+async def abort_with(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+    """Ends the call with `exc`'s status (an unexpected error is logged with its traceback)."""
     if isinstance(exc, grpc.aio.AbortError):  # the handler aborted with its own status already
         raise exc
-    code, message = _status(exc)
+    code, message = status_of(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
     await context.abort(code, message)

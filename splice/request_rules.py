@@ -1,6 +1,6 @@
 """The rules every EngineRequest obeys, whoever checks them: the preprocessor while it builds a request
-(naming the caller's parts) and the engine when it re-validates one (DESIGN.md preprocessor step 6,
-engine step 1). Only rules that need no model live here; the engine adds image rows vs its vision family.
+(naming the caller's parts) and the engine when it re-validates one (docs/architecture.md, preprocessor step
+6 and engine step 1). Only rules that need no model live here; the engine adds image rows vs its vision family.
 
 Every failure is InvalidArgument; `where` / `what` name the offending thing for the message.
 """
@@ -8,7 +8,7 @@ Every failure is InvalidArgument; `where` / `what` name the offending thing for 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -123,10 +123,25 @@ def check_spans(req: EngineRequest, info: ModelInfo) -> set[int]:
     return {p for s in req.embed_spans for p in range(s.offset, s.offset + s.length)}
 
 
+# Sampling fields of token IDs that name at most the vocabulary's tokens (vLLM's rule for logit_bias and
+# allowed_token_ids: each a token of it; more stop token IDs than tokens would repeat one)
+VOCABULARY_BOUNDED = ("logit_bias", "allowed_token_ids", "stop_token_ids")
+
+
+def check_control_counts(counts: Mapping[str, int], info: ModelInfo) -> None:
+    """The VOCABULARY_BOUNDED fields' lengths (`counts`, by field) within the vocabulary: a face checks them before
+    their entries become objects."""
+    for field, n in counts.items():
+        if n > info.vocab_rows:
+            raise InvalidArgument(f"{field} holds {n} entries, more than the engine's vocabulary of "
+                                  f"{info.vocab_rows} tokens (each names a token of it, vLLM's rule)")
+
+
 def check_controls(sampling: SamplingParams, info: ModelInfo) -> None:
     """The token IDs of logit_bias, allowed_token_ids and bad_words index the engine's table, and
     allowed_token_ids leaves a token that can be generated (one not banned by a one-token bad word, nor, under
     min_tokens, an EOS or stop token ID)."""
+    check_control_counts({name: len(getattr(sampling, name)) for name in VOCABULARY_BOUNDED}, info)
     for field, ids in sampling.token_ids().items():
         check_ids(ids, info, field)
     if not sampling.allowed_token_ids:

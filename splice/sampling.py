@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from splice.errors import InvalidArgument
 from splice.structured_output import StructuredOutput
@@ -50,6 +50,10 @@ MAX_STRUCTURED_SPEC = 64 * 1024
 # The engine refuses a structured output whose grammar takes longer than this to compile (--structured-compile-timeout;
 # ordinary schemas compile in well under a second).
 DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S = 10.0
+# MiB of compiled grammars (their token masks) the engine keeps, least recently used evicted first
+# (--structured-cache-mb): an ordinary JSON schema compiles to tens of KiB on a 49k vocabulary; a 64 KiB grammar of
+# negated character classes to ~90 MiB.
+DEFAULT_STRUCTURED_CACHE_MB = 64
 # cache_salt, in characters: it only separates one tenant's cached prefixes from another's, so a salt this long is
 # plenty (a UUID is 36) and a request cannot carry megabytes in it.
 MAX_CACHE_SALT = 256
@@ -102,7 +106,6 @@ class SamplingParams:
     # vLLM's cache_salt, 1..MAX_CACHE_SALT characters: the prefix cache reuses a prefix only between requests with
     # the same salt (None = unsalted, shared with other unsalted requests)
     cache_salt: str | None = None
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _pairs(self.logit_bias))
@@ -193,6 +196,15 @@ class SamplingParams:
                                   f"{MAX_STRUCTURED_SPEC}")
         if so.kind != "json_object" and not so.spec.strip():
             raise InvalidArgument(f"sampling.structured ({so.kind}) needs a spec")
+        # The grammar alone decides which tokens may come and where the answer ends: a mask or a floor beside it
+        # would be overridden (the grammar's end stops the answer before min_tokens) or leave no token at all.
+        for name, set_ in (("allowed_token_ids", self.allowed_token_ids), ("bad_words", self.bad_words),
+                           ("min_tokens", self.min_tokens)):
+            if set_:
+                raise InvalidArgument(f"sampling.{name} cannot be kept beside a structured output ({so.kind}; "
+                                      f"response_format, structured_outputs, guided_*, or the schema tool_choice "
+                                      f"required / a named function implies): the grammar decides which tokens come "
+                                      f"and where the answer ends; send one or the other")
 
     def _check_logprob_token_ids(self) -> None:
         ids = self.logprob_token_ids

@@ -49,7 +49,7 @@ def model_dir(name: str, seed: int = DEFAULT_SEED) -> Path:
 @dataclass(frozen=True)
 class TinyModel:
     name: str
-    family: str  # the engine family (engine/models/) that serves it
+    family: str  # what its marker records: the checkpoint's model_type, "text" for the plain text models
     build: Callable[[Path], None]
     # vocab_size > len(tokenizer), as in the real model: a sentinel lands inside the table (and must still never
     # reach the engine). False: vocab_size == len(tokenizer), a sentinel overflows it.
@@ -80,7 +80,7 @@ TINY_MODELS: dict[str, TinyModel] = {
         TinyModel("tiny-nemotron-omni", "nemotron_h_omni", nemotron_h.build_nemotron_omni),
     )
 }
-assert tuple(TINY_MODELS) == TINY_NAMES, "app/tiny/names.py lists the built-in models for --help: keep it in step"
+assert sorted(TINY_MODELS) == sorted(TINY_NAMES), "each tiny model is listed by its family in splice/families.py"
 
 
 def ensure(name: str, seed: int = DEFAULT_SEED, progress: Callable[[str], None] | None = None) -> Path:

@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from app.models import resolve_model
-from bench.common import bench_parser, in_turns, median_call, prompts
+from bench.common import bench_parser, in_turns, median_call, prefill, prompts
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import ModelRunner
@@ -32,11 +32,11 @@ def step_times(family, rows: int, steps: int) -> float:
     """Median seconds of one decode step over `rows` rows, after a fresh prefill."""
     batch = [family.prompt(EngineRequest(f"p{k}", ids)) for k, ids in enumerate(prompts(rows))]
     runner = ModelRunner(family)
-    tokens = runner.prefill(list(range(len(batch))), batch).argmax(-1).tolist()
+    tokens = prefill(runner, batch).argmax(-1).tolist()
 
     def step() -> None:
         nonlocal tokens
-        tokens = runner.decode(tokens).argmax(-1).tolist()
+        tokens = runner.execute(tokens, []).logits.argmax(-1).tolist()
 
     return median_call(step, steps)
 

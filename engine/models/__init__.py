@@ -1,7 +1,7 @@
-"""Model families: one file per HF architecture family, on the contract in base.py.
+"""Model families: one file per HF architecture family, on the contract in base.py, each the class that runs a
+family declared in splice/families.py (which model_types it serves lives there).
 
-Adding a family = one file here + its entry in FAMILIES + its tiny builder (app/tiny/families/, listed in
-app/tiny/builder.py) + its tests.
+Adding a family: the files docs/engine.md lists under "Families".
 """
 
 from __future__ import annotations
@@ -19,21 +19,31 @@ from engine.models.nemotron_h import NemotronH
 from engine.models.qwen2_vl import Qwen2VL
 from engine.models.qwen3_5 import Qwen3_5
 from splice.errors import FailedPrecondition
+from splice.families import TEXT, by_model_type, served_model_types
 
-FAMILIES: tuple[type[ModelFamily], ...] = (Llava, Idefics3, Gemma3, Gemma4, Qwen2VL, Qwen3_5, Lfm2Vl, LlavaOnevision,
-                                                NemotronH)
+# family declaration (splice/families.py, by name) -> the class that runs it
+FAMILIES: dict[str, type[ModelFamily]] = {
+    "text": ModelFamily,
+    "llava": Llava,
+    "idefics3": Idefics3,
+    "gemma3": Gemma3,
+    "gemma4": Gemma4,
+    "qwen2_vl": Qwen2VL,
+    "qwen3_5": Qwen3_5,
+    "lfm2_vl": Lfm2Vl,
+    "llava_onevision": LlavaOnevision,
+    "nemotron_h": NemotronH,
+}
 
 
 def family_for(config: Any) -> type[ModelFamily]:
     """The family serving `config`; the plain decoder-only default for text models of any model_type."""
     model_type = getattr(config, "model_type", "")
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    if getattr(config, "vision_config", None) is not None:
-        served = sorted(t for f in FAMILIES for t in f.model_types)
-        raise FailedPrecondition(f"vision model type {model_type!r} is not supported; served: {served}")
-    return ModelFamily
+    declared = by_model_type(model_type)
+    if declared is None and getattr(config, "vision_config", None) is not None:
+        raise FailedPrecondition(f"vision model type {model_type!r} is not supported; served: "
+                                 f"{served_model_types()}")
+    return FAMILIES[(declared or TEXT).name]
 
 
 __all__ = ["FAMILIES", "ModelFamily", "Prompt", "StepInputs", "family_for"]

@@ -5,7 +5,8 @@ rows they make (checked before any forward), the image features in placeholder o
 rows, image features and supplied rows, the position ids of a prompt and of a decode step, the attention
 masks per layer type, any extra forward inputs, and how its cache's rows join and leave
 (engine/models/slot_cache.py for key/value layers, hybrid_cache.py for recurrent states beside them).
-The runner (engine/model_runner.py) only batches: it pads, stacks and asks the family.
+The runner (engine/model_runner.py, its forwards in engine/forwards.py) only batches: it pads, stacks and asks the
+family.
 
 Shapes: P = prompt length, rows = sequences in the batch, q = new positions this forward, T = key/value
 columns the forward attends (rows' real columns differ: the [rows, T] mask says which are real), D =
@@ -14,14 +15,16 @@ position_dims (1, or 3 for M-RoPE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from engine.encoder_cache import EncoderCache, content_key
+from engine.encoder_cache import EncoderCache, content_key, salted
 from engine.models.attention import use_grouped_sdpa
 from engine.models.lean_llama import LeanDecoder, unsupported
+from engine.models.linear import Linear
 from engine.models.slot_cache import SlotKVCache
 from splice.engine_request import IMAGE_EMBEDS, EngineRequest
 from splice.errors import FailedPrecondition, InvalidArgument
@@ -37,11 +40,9 @@ class Prompt:
     image_mask: torch.Tensor  # [P] bool; positions holding image features
     span_mask: torch.Tensor  # [P] bool; positions holding supplied prompt_embeds rows
     positions: torch.Tensor  # [D, P] long position ids
-    # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not);
-    # the scores of the forwards so far wait in `logprob_pieces` (engine/prompt_logprobs.py)
+    # SamplingParams.prompt_logprobs: k alternatives per position are scored at this prompt's prefill (None: not;
+    # engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
-    logprob_pieces: list = field(default_factory=list)
-    prefix_keys: Any = None  # engine/prefix_cache.py PrefixKeys of its whole blocks; None = not cached
 
     @property
     def next_position(self) -> int:
@@ -138,10 +139,9 @@ class ModelFamily:
     """Defaults: a decoder-only LM (Llama-style) with 1-D positions, one causal mask and a slot KV cache."""
 
     name: ClassVar[str] = "causal-lm"
-    model_types: ClassVar[tuple[str, ...]] = ()  # config.model_type values served by this family
     position_dims: ClassVar[int] = 1
-    # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/model_runner.py
-    # `mixed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
+    # Whether a mixed step (decode rows + prompt positions) may run as one packed forward (engine/forwards.py
+    # `packed`): true where every attention layer takes the one causal mask of `attention_mask` below, the forward
     # needs no extra inputs and the cache holds keys and values only. A family overriding any of those says False.
     packs_mixed_steps: ClassVar[bool] = True
     # image positions attend each other both ways at prefill: a prefix-cache hit must not end inside a run of them
@@ -159,6 +159,8 @@ class ModelFamily:
             raise FailedPrecondition(f"{type(model).__name__}: no decoder / input or output embeddings to serve")
         self.cache = SlotKVCache()
         self.impl = "transformers"  # what runs the text stack: "splice" (engine/models/lean_llama.py) or HF's modules
+        # hidden -> logits: lm_head itself, or its weight packed for the device's GEMM (engine/models/linear.py)
+        self.head: Callable[[torch.Tensor], torch.Tensor] = self.lm_head
         # Image geometry (expected_rows(inputs) -> feature rows, validated before any forward); None = text only
         self.images: ImageGeometry | None = None
         # vision-tower outputs by picture content (engine/encoder_cache.py); None = off. The loader sets it.
@@ -190,6 +192,8 @@ class ModelFamily:
         once, by the loader (the lean forward takes over HF's q/k/v and gate/up weights as views of fused ones)."""
         if impl == "transformers" or self.impl == "splice":
             return self.impl
+        if not tensor_parallel and type(self.lm_head) is torch.nn.Linear:  # (sharded heads gather in module hooks)
+            self.head = Linear(self.lm_head.weight, self.lm_head.bias)
         why = self.lean_unsupported() or unsupported(self.backbone, tensor_parallel)
         if why is None:
             self.backbone = LeanDecoder(self.backbone)
@@ -253,17 +257,19 @@ class ModelFamily:
         inputs = req.model_inputs
         if self.encoder_cache is None or not inputs or IMAGE_EMBEDS in inputs:
             return None
-        return [content_key(p) for p in self.image_pieces(inputs)] or None
+        return [salted(content_key(p), req.sampling.cache_salt) for p in self.image_pieces(inputs)] or None
 
-    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None) -> torch.Tensor:
-        """image_features through the encoder cache (`keys`: image_keys, already made): the pieces found are not
-        encoded again, the others (each distinct one once) are encoded together in one call; rows in placeholder
-        order."""
+    def cached_image_features(self, inputs: dict[str, torch.Tensor], keys: list[str] | None = None,
+                              salt: str | None = None) -> torch.Tensor:
+        """image_features through the encoder cache (`keys`: image_keys, already made; else made here with the
+        request's cache `salt`): the pieces found are not encoded again, the others (each distinct one once) are
+        encoded together in one call; rows in placeholder order."""
         cache = self.encoder_cache
         pieces = self.image_pieces(inputs) if cache is not None else []
         if not pieces:  # off, or nothing the tower would encode on its own: leave it to the tower's own rules
             return self.image_features(inputs)
-        keys = keys if keys is not None and len(keys) == len(pieces) else [content_key(p) for p in pieces]
+        if keys is None or len(keys) != len(pieces):
+            keys = [salted(content_key(p), salt) for p in pieces]
         found = {k: rows for k in dict.fromkeys(keys) if (rows := cache.get(k)) is not None}
         missed = [k for k in dict.fromkeys(keys) if k not in found]
         cache.count(len(keys), len(keys) - len(missed))  # a piece repeated within the request is a hit too
@@ -291,7 +297,7 @@ class ModelFamily:
             image_mask = (ids == self.image_token_id) & ~span_mask
             # supplied features (validated against the image tokens) skip the vision tower
             features = (inputs[IMAGE_EMBEDS] if IMAGE_EMBEDS in inputs
-                        else self.cached_image_features(inputs, req.image_keys))
+                        else self.cached_image_features(inputs, req.image_keys, req.sampling.cache_salt))
             embeds[image_mask] = features.to(device=self.device, dtype=self.dtype)
         for span in req.embed_spans:
             embeds[span.offset:span.offset + span.length] = req.span_rows(span).to(device=self.device,
@@ -344,4 +350,4 @@ class ModelFamily:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> float logits [rows, vocab]."""
-        return self.lm_head(hidden).float()
+        return self.head(hidden).float()

@@ -8,8 +8,6 @@ the embedding module, so the looked-up rows (what prompt_embeds must match) are 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from engine.models.base import ModelFamily, Prompt, SquareImages, StepInputs, feature_rows, first_dim_pieces
@@ -26,7 +24,6 @@ def image_blocks(image_mask: torch.Tensor) -> torch.Tensor:
 
 class Gemma3(ModelFamily):
     name = "gemma3"
-    model_types: ClassVar[tuple[str, ...]] = ("gemma3", "gemma3_text")
     packs_mixed_steps = False  # one mask per layer type (sliding windows) and images seen both ways
     images_both_ways = True
 
@@ -77,7 +74,7 @@ class Gemma3(ModelFamily):
         return not bool(prompt.image_mask.any())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.lm_head(hidden).float()
+        out = self.head(hidden).float()
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out

@@ -16,7 +16,7 @@ What it needs beyond the defaults, each as HF's Gemma4Model does it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -78,7 +78,6 @@ class Gemma4Images(ImageGeometry):
 
 class Gemma4(ModelFamily):
     name = "gemma4"
-    model_types: ClassVar[tuple[str, ...]] = ("gemma4",)
     packs_mixed_steps = False  # per-layer inputs and one mask per layer type
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
@@ -128,7 +127,7 @@ class Gemma4(ModelFamily):
         return {"per_layer_inputs": self.backbone.get_per_layer_inputs(ids)}  # [rows, q, layers, per-layer size]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+        logits = self.head(hidden)
         if self.softcap is not None:  # in the model dtype and order, as HF's forward
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()

@@ -4,7 +4,7 @@ view, each tile's rows between tags, so one image makes several non-contiguous i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -49,7 +49,6 @@ class Idefics3Images(ImageGeometry):
 
 class Idefics3(ModelFamily):
     name = "idefics3"
-    model_types: ClassVar[tuple[str, ...]] = ("idefics3", "smolvlm")
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

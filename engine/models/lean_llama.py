@@ -11,12 +11,14 @@ Exactness (HF is the reference): every op is HF's own, in HF's order (RMSNorm in
 cos/sin computed from the position ids exactly as LlamaRotaryEmbedding, rotate_half, residual adds), attention is the
 engine's attention function itself (engine/models/attention.py `grouped_sdpa`, called with the HF attention module for
 its head grouping, so masks, packed steps and the slot cache behave as under transformers), and the caches are the
-same SlotCache. The fused matmuls compute each output column over the same inputs as the separate ones; on CPU they
-give bit-identical results (tests/engine/test_lean_llama.py compares logits with HF's modules).
+same SlotCache. The fused matmuls compute each output column over the same inputs as the separate ones. On the CPU the
+linears multiply packed weights through oneDNN (engine/models/linear.py), which sums in another order than F.linear's
+MKL: logits agree with HF's modules within float rounding (tests/engine/test_lean_llama.py), and are bit-identical
+with SPLICE_PACKED_LINEAR=0.
 
 Weights are HF's: q/k/v and gate/up are concatenated once, and the HF modules' parameters are replaced by views into
-the fused tensors, so memory holds each weight once and HF's modules (HF generate on the same model, in tests) still
-compute with the same values.
+the fused tensors, so HF's modules (HF generate on the same model, in tests) still compute with the same values; the
+CPU's packed copies hold them once more.
 
 Not used (the loader keeps HF's modules) under tensor parallelism (transformers shards the weights by its own plan
 and all-reduces in hooks on the modules' forwards, which a functional forward would skip), for rope types whose
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.attention import grouped_sdpa
+from engine.models.linear import Linear
 
 IMPLS = ("auto", "splice", "transformers")  # EngineConfig.model_impl / `splice engine --model-impl`
 ARCHITECTURES = ("LlamaModel", "Qwen2Model")  # text stacks with a lean forward (exact classes, not subclasses)
@@ -89,10 +92,10 @@ class LeanLayer:
         self.scaling = attn.scaling
         self.q_width = attn.q_proj.weight.shape[0]
         self.k_width = attn.k_proj.weight.shape[0]
-        self.qkv_w, self.qkv_b = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_w, self.o_b = attn.o_proj.weight, attn.o_proj.bias
-        self.gu_w, self.gu_b = fuse([mlp.gate_proj, mlp.up_proj])
-        self.down_w, self.down_b = mlp.down_proj.weight, mlp.down_proj.bias
+        self.qkv = Linear(*fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
+        self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
+        self.gate_up = Linear(*fuse([mlp.gate_proj, mlp.up_proj]))
+        self.down = Linear(mlp.down_proj.weight, mlp.down_proj.bias)
         act = getattr(mlp.config, "hidden_act", None)
         self.act = F.silu if act in ("silu", "swish") else mlp.act_fn  # HF's module for anything else
         self.ln1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
@@ -102,7 +105,7 @@ class LeanLayer:
                  kwargs: dict[str, Any]) -> torch.Tensor:
         rows, q, _ = h.shape
         d = self.head_dim
-        qkv = F.linear(rms_norm(h, self.ln1, self.eps1), self.qkv_w, self.qkv_b)  # [rows, q, (heads + 2 kv) d]
+        qkv = self.qkv(rms_norm(h, self.ln1, self.eps1))  # [rows, q, (heads + 2 kv) d]
         qk = rotate(qkv[..., :self.q_width + self.k_width].view(rows, q, -1, d).transpose(1, 2), cos, sin)
         heads = self.q_width // d
         query, key = qk[:, :heads], qk[:, heads:]  # [rows, heads | kv_heads, q, d]
@@ -110,9 +113,9 @@ class LeanLayer:
         if cache is not None:
             key, value = cache.update(key, value, self.idx)
         out, _ = grouped_sdpa(self.attn, query, key, value, mask, scaling=self.scaling, **kwargs)
-        h = h + F.linear(out.reshape(rows, q, -1), self.o_w, self.o_b)
-        gate, up = F.linear(rms_norm(h, self.ln2, self.eps2), self.gu_w, self.gu_b).chunk(2, dim=-1)
-        return h + F.linear(self.act(gate) * up, self.down_w, self.down_b)
+        h = h + self.o(out.reshape(rows, q, -1))
+        gate, up = self.gate_up(rms_norm(h, self.ln2, self.eps2)).chunk(2, dim=-1)
+        return h + self.down(self.act(gate) * up)
 
 
 class LeanDecoder:

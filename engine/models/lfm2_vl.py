@@ -6,7 +6,7 @@ and spatial shape [h, w] makes (h / factor) * (w / factor) rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -59,7 +59,6 @@ class Lfm2VlImages(ImageGeometry):
 
 class Lfm2Vl(ModelFamily):
     name = "lfm2_vl"
-    model_types: ClassVar[tuple[str, ...]] = ("lfm2_vl",)
     packs_mixed_steps = False  # convolution states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

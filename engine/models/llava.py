@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -21,7 +21,6 @@ def llava_images(config: Any) -> SquareImages:
 
 class Llava(ModelFamily):
     name = "llava"
-    model_types: ClassVar[tuple[str, ...]] = ("llava",)
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

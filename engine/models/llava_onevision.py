@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -119,7 +119,6 @@ class OnevisionImages(ImageGeometry):
 
 class LlavaOnevision(ModelFamily):
     name = "llava_onevision"
-    model_types: ClassVar[tuple[str, ...]] = ("llava_onevision",)
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, device, dtype)

@@ -14,7 +14,7 @@ What differs from an attention-only family:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -67,7 +67,6 @@ class NemotronOmniImages(ImageGeometry):
 
 class NemotronH(ModelFamily):
     name = "nemotron_h"
-    model_types: ClassVar[tuple[str, ...]] = ("nemotron_h_omni", "nemotron_h")
     packs_mixed_steps = False  # Mamba states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -75,7 +75,6 @@ class Qwen2VLImages(ImageGeometry):
 
 class Qwen2VL(ModelFamily):
     name = "qwen2-vl"
-    model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     position_dims = 3  # M-RoPE: temporal, height, width
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

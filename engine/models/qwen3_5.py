@@ -6,8 +6,6 @@ never enters a state.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from engine.models.base import StepInputs, feature_rows
@@ -17,7 +15,6 @@ from engine.models.qwen2_vl import Qwen2VL
 
 class Qwen3_5(Qwen2VL):
     name = "qwen3_5"
-    model_types: ClassVar[tuple[str, ...]] = ("qwen3_5",)
     packs_mixed_steps = False  # linear-attention states beside attention
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

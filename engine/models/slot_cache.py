@@ -180,10 +180,9 @@ class SlotKV:
         layer.k_buf[slot, :, :n] = keys
         layer.v_buf[slot, :, :n] = values
 
-    def pop(self) -> None:
-        """Frees the last slot."""
-        self.start.pop()
-        self.end.pop()
+    def truncate(self, rows: int) -> None:
+        """Frees the slots from `rows` on."""
+        del self.start[rows:], self.end[rows:]
 
     def refresh(self) -> None:
         """Points every layer's `keys` / `values` at the rows and columns in use (views, no copy)."""

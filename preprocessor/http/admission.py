@@ -2,7 +2,10 @@
 request before its body is read, and counts the body's bytes as they arrive.
 
 - A body is charged PARSE_FACTOR x its bytes: reading and parsing it holds that much (the received chunks, their
-  join, the parsed strings), so the charge, not the bytes sent, is what the cap bounds.
+  join, the parsed strings), and VALUE_BYTES more per `,` and `:` in it, counted as each chunk arrives: every one
+  separates a value that parsing makes an object (a logit_bias entry of 14 bytes becomes ~110 bytes of key, float and
+  slot), so a body of millions of small values is charged what parsing it would hold before it is parsed. The
+  charge, not the bytes sent, is what the cap bounds.
 - A body whose charge passes the byte cap (--max-inflight-request-bytes) is a 413 on any route, unknown ones too:
   by its Content-Length before a byte is read, or (chunked, no Content-Length) at the chunk that passes it.
 - An API request holds a place and its charge until its response is sent: by Content-Length at once, or chunk by
@@ -27,14 +30,23 @@ ADMITTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 # Measured on a chat body of one long string: 128 MiB sent chunked peaks at +385 MiB of RSS (+259 MiB with a
 # Content-Length) while it is read and parsed, before any of it is refused as too long.
 PARSE_FACTOR = 3
+# Bytes a parsed JSON value holds beyond its text, charged per separator (measured with tracemalloc: a dict entry of
+# str key and float ~55 per separator, a list item 9-58 by its kind).
+VALUE_BYTES = 48
 CLOSE = (b"connection", b"close")
 
 
 class BodyTooLarge(SpliceHTTPError):
-    def __init__(self, cap: int) -> None:
-        super().__init__(413, f"the request body is larger than {cap // PARSE_FACTOR} bytes: reading and parsing it "
-                              f"would hold {PARSE_FACTOR}x that, more than the {cap} bytes the preprocessor holds for "
-                              f"requests at once (--max-inflight-request-bytes)")
+    def __init__(self, cap: int, values: int = 0) -> None:
+        if values:
+            detail = (f"the request body holds more than {values} JSON values: parsing them would hold more than the "
+                      f"{cap} bytes the preprocessor holds for requests at once (--max-inflight-request-bytes; "
+                      f"{PARSE_FACTOR}x the body's bytes and {VALUE_BYTES} per value)")
+        else:
+            detail = (f"the request body is larger than {cap // PARSE_FACTOR} bytes: reading and parsing it would hold "
+                      f"{PARSE_FACTOR}x that, more than the {cap} bytes the preprocessor holds for requests at once "
+                      f"(--max-inflight-request-bytes)")
+        super().__init__(413, detail)
 
 
 class BodyTimeout(SpliceHTTPError):
@@ -75,7 +87,9 @@ class _CountedBody:
         self.cap, self.idle = cap, idle
         self.unread = unread  # more body to come
         self.received = 0
-        self.ticket = None  # grows by each chunk: a chunked API request's
+        self.values = 0  # separators seen: the values parsing will make
+        self.ticket = None  # an API request's: grows by each chunk's values (and bytes, when chunked)
+        self.by_length = False  # its bytes were charged from Content-Length
 
     async def receive(self) -> Message:
         if not self.unread or self.idle is None:  # (after the body: the disconnect, whenever it comes)
@@ -86,14 +100,20 @@ class _CountedBody:
             except TimeoutError:
                 raise BodyTimeout(self.idle, self.received) from None
         if message["type"] == "http.request":
-            n = len(message.get("body", b""))
+            chunk = message.get("body", b"")
+            n = len(chunk)
+            values = chunk.count(b",") + chunk.count(b":")
             self.received += n
+            self.values += values
             self.unread = self.unread and message.get("more_body", False)
             if self.received * PARSE_FACTOR > self.cap:
                 raise BodyTooLarge(self.cap)
-            if self.ticket is not None and n:
+            if self.received * PARSE_FACTOR + self.values * VALUE_BYTES > self.cap:
+                raise BodyTooLarge(self.cap, self.values)
+            charge = (0 if self.by_length else n * PARSE_FACTOR) + values * VALUE_BYTES
+            if self.ticket is not None and charge:
                 try:
-                    self.ticket.grow(n * PARSE_FACTOR)
+                    self.ticket.grow(charge)
                 except ResourceExhausted as exc:
                     raise NoRoom(exc) from None
         return message
@@ -130,8 +150,8 @@ class AdmissionMiddleware:
         except ResourceExhausted as exc:
             await error_response(429, exc.message)(scope, receive, body.send)
             return
-        if ticket is not None and length is None:
-            body.ticket = ticket
+        if ticket is not None:
+            body.ticket, body.by_length = ticket, length is not None
         try:
             await self.app(scope, body.receive, body.send)
         finally:

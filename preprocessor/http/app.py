@@ -16,12 +16,14 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preprocessor.admission import Admission, charge
-from preprocessor.content import Conversation, PromptPart, Text, TokenIds
-from preprocessor.core import Prepared, PreprocessorCore
+from preprocessor.content import PromptPart, Text, TokenIds
+from preprocessor.core import MAX_DETOKENIZE_IDS, Prepared, PreprocessorCore
 from preprocessor.engine_link import EngineLink
 from preprocessor.http import convert
 from preprocessor.http.admission import AdmissionMiddleware
 from preprocessor.http.auth import KeyMiddleware
+from preprocessor.http.body import Caps, OffLoopJsonRoute
+from preprocessor.http.decode import conversation, decode_chat, decode_completion
 from preprocessor.http.errors import error_response, install_error_handlers
 from preprocessor.http.media import fetch_remote_images
 from preprocessor.http.options import HttpOptions
@@ -35,10 +37,10 @@ from preprocessor.http.schemas import (
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
 from preprocessor.http.token_strings import TokenStrings
-from preprocessor.request_bounds import check_counts_only
-from preprocessor.tools.choice import constrain, constraint_for
+from preprocessor.request_bounds import max_chars
+from preprocessor.tools.request import MAX_TOOLS
 from splice.errors import InvalidArgument, NotFound
-from splice.request_rules import check_max_tokens
+from splice.request_rules import VOCABULARY_BOUNDED
 from splice.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -79,16 +81,21 @@ def _model_card(name: str, root: str, max_model_len: int, created: int) -> dict:
             "max_model_len": max_model_len, "permission": [permission]}
 
 
-async def _conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeChatRequest,
-                        options: HttpOptions) -> Conversation:
-    """The body's conversation, checked against the request bounds (sizes, image count) before any remote image is
-    fetched, then with those images fetched."""
-    # The counts first, from the body: converting 100k messages would take seconds of its own.
-    parts = sum(len(m.content) if isinstance(m.content, list) else 1 for m in body.messages)
-    check_counts_only(len(body.messages), parts, core.info)
-    conv = convert.conversation_from_http(body)
-    core.check_conversation(conv)
-    return await fetch_remote_images(conv, options, core.limits.max_image_bytes)
+def _body_caps(link: EngineLink) -> Caps:
+    """What a large body's fields may hold, for the model served now (body.py counts them as it parses)."""
+    core = link.core()
+    info = core.info
+    vocab = (info.vocab_rows, f"each names a token of the engine's vocabulary of {info.vocab_rows} (vLLM's rule)")
+    positions = (info.max_model_len, f"each takes a position of the engine's max_model_len {info.max_model_len}")
+    chars = max_chars(info, core.files)
+    prompts = max(info.max_model_len, core.limits.max_prompts)
+    return Caps({**dict.fromkeys(VOCABULARY_BOUNDED, vocab), "messages": positions,
+                 "prompt": (prompts, f"a prompt's token IDs take positions of the engine's max_model_len "
+                                     f"{info.max_model_len}; a request has at most {core.limits.max_prompts} prompts"),
+                 "tools": (MAX_TOOLS, "the tools a request may carry"),
+                 "tokens": (MAX_DETOKENIZE_IDS, "the token IDs one /detokenize takes")},
+                default=(max(chars, info.vocab_rows), f"no field of a request to this model holds more (the prompt's "
+                                                       f"{chars} characters, the vocabulary's tokens)"))
 
 
 def _echo_prompts(core: PreprocessorCore, body: CompletionRequest, prompts: list[list[PromptPart]]) -> list[str]:
@@ -152,12 +159,13 @@ def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
 def build_app(link: EngineLink, options: HttpOptions, admission: Admission | None = None) -> FastAPI:
     """`admission`: shared with the gRPC face, so one set of caps covers both."""
     app = FastAPI(title="Splice", summary="OpenAI-compatible API (vLLM's format) of the Splice preprocessor")
+    app.state.body_caps = lambda: _body_caps(link)
     install_error_handlers(app)
     if admission is not None:
         app.add_middleware(AdmissionMiddleware, admission=admission, idle=options.body_idle_timeout)
     if options.api_key:  # added last: outermost, so a request without the key is not even admitted
         app.add_middleware(KeyMiddleware, api_key=options.api_key, open_paths=_open_paths(app, options))
-    api = APIRouter()
+    api = APIRouter(route_class=OffLoopJsonRoute)  # (large bodies parsed off the loop: body.py)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -166,12 +174,9 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         core = _core(link, options, body.model)
-        tools = convert.tools_from_http(body, core.limits.tools)
-        sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
-        convert.check_served(body)
-        check_max_tokens(sampling, core.info)  # (before remote images are fetched; the core checks it too)
-        conv = await _conversation(core, body, options)
-        sampling = convert.conversation_prompt_logprobs(body, conv, sampling)
+        decoded = await decode_chat(core, body, len(await request.body()))
+        tools, sampling = decoded.tools, decoded.sampling
+        conv = await fetch_remote_images(decoded.conv, options, core.limits.max_image_bytes)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id))
@@ -191,9 +196,7 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         core = _core(link, options, body.model)
-        sampling = convert.completion_sampling(body)
-        convert.check_served(body)
-        prompts = convert.prompts_from_http(body)
+        sampling, prompts = await decode_completion(body, len(await request.body()))
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
@@ -229,7 +232,8 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
     async def tokenize(body: TokenizeRequest) -> dict:
         core = _core(link, options, body.model)
         if isinstance(body, TokenizeChatRequest):
-            conv = await _conversation(core, body, options)
+            conv = await asyncio.to_thread(conversation, core, body)
+            conv = await fetch_remote_images(conv, options, core.limits.max_image_bytes)
             result = await core.tokenize_chat(conv)
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)

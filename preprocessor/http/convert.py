@@ -112,13 +112,15 @@ def message_from_http(msg: ChatMessage, index: int) -> Message:
     return Message(msg.role, parts, False, index, fields)
 
 
-def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest) -> Conversation:
+def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest,
+                           tools: ToolRequest | None = None) -> Conversation:
+    """`tools`: the body's, checked already (tools_from_http); else they are checked here."""
     return Conversation(
         messages=tuple(message_from_http(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         chat_template=body.chat_template,
         template_kwargs=template_arguments(body.chat_template_kwargs, body.documents, body.reasoning_effort,
-                                           checked_tools(body.tools)),
+                                           list(tools.tools) if tools is not None else checked_tools(body.tools)),
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens,
         mm_processor_kwargs=dict(body.mm_processor_kwargs or {}),

@@ -55,6 +55,15 @@ class _Body(BaseModel):
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def surrogate_free(text: str) -> bool:
+    return text.isascii() or not _SURROGATE.search(text)
+
+
+class ParsedBody(dict):
+    """A body parsed by http/body.py, which refused lone surrogates as it read each string: the models' walk of it
+    (`_text_only`) is skipped."""
+
+
 def lone_surrogate(value: Any) -> str | None:
     """Where the first string (in a walk of parsed JSON) holding a lone surrogate is, e.g. "messages[0].content";
     None when there is none. Iterative: JSON nests as deep as its parser allowed. The walk keeps no paths (a body may
@@ -96,7 +105,7 @@ class _Request(_Body):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data: Any) -> Any:
-        if (where := lone_surrogate(data)) is not None:
+        if not isinstance(data, ParsedBody) and (where := lone_surrogate(data)) is not None:
             raise ValueError(f"{where} holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape not in a pair), "
                              f"which is not text")
         return data

@@ -11,19 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from preprocessor.http.errors import splice_error_body
+from preprocessor.http.errors import error_body, splice_error_body
+from preprocessor.http.json_body import json_response
 from preprocessor.http.responses import Collected, Shape, total_usage
 from preprocessor.outputs import GenerationChunk
 from splice.engine_output import Usage
 from splice.errors import SpliceError
+from splice.offload import gc_paused
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A whole answer of up to this many tokens (all choices; with logprobs ~2 KB of JSON each) is built on the loop: less
+# time than a thread's hand-off.
+INLINE_ANSWER_TOKENS = 256
 DONE = b"data: [DONE]\n\n"
 
 
@@ -63,11 +70,21 @@ async def _collect(chunks: Indexed, n: int) -> list[Collected]:
     return collected
 
 
-async def whole_response(request: Request, chunks: Indexed, shape: Shape, n: int = 1) -> JSONResponse:
-    """`n`: how many choices `chunks` answers."""
+async def whole_response(request: Request, chunks: Indexed, shape: Shape, n: int = 1) -> Response:
+    """`n`: how many choices `chunks` answers. The body is built in a thread, in pieces (json_body.py): an answer of
+    many choices with logprobs is hundreds of MB of JSON."""
     async with contextlib.aclosing(chunks):
         collected = await until_disconnected(request, _collect(chunks, n))
-    return JSONResponse(shape.response(collected))
+    small = sum(len(c.token_ids) for c in collected) <= INLINE_ANSWER_TOKENS and \
+        not any(c.prompt_logprobs for c in collected)
+    if small:
+        return json_response(shape.response(collected))
+    return await asyncio.to_thread(_built, shape, collected)
+
+
+def _built(shape: Shape, collected: list[Collected]) -> Response:
+    with gc_paused():  # (millions of small objects: full collections would hold the GIL for most of a second)
+        return json_response(shape.response(collected))
 
 
 def _event(body: dict) -> bytes:
@@ -111,6 +128,9 @@ async def _events(first: tuple[int, GenerationChunk], chunks: Indexed, shape: Sh
             yield _event(shape.usage_chunk(total_usage(usages, shape.n)))
     except SpliceError as exc:
         yield _event(splice_error_body(exc)[1])
+    except Exception as exc:  # a bug, not the request's fault: still an error event and [DONE], never a cut stream
+        log.exception("a streamed answer failed")
+        yield _event(error_body(500, f"internal error: {type(exc).__name__}"))
     finally:
         await chunks.aclose()
     yield DONE

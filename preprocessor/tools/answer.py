@@ -22,6 +22,7 @@ from preprocessor.outputs import GenerationChunk
 from preprocessor.tools.calls import Extracted, ToolCall
 from preprocessor.tools.parsers import ToolParser
 from preprocessor.tools.request import ToolRequest
+from splice import json_depth
 from splice.engine_output import FinishReason
 
 TOOL_CALLS = "tool_calls"
@@ -74,7 +75,7 @@ def json_text(text: str) -> str:
 
 def _required(text: str) -> Extracted:
     try:
-        items = json.loads(text, strict=False)
+        items = json_depth.loads(text, strict=False)  # (too deep: not calls, as not JSON)
         calls = tuple(ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items)
     except (ValueError, TypeError, KeyError):
         return Extracted(text)

@@ -10,10 +10,14 @@ from typing import Any
 
 import jsonschema
 
+from splice import json_depth
 from splice.errors import InvalidArgument
 
 CHOICES = ("none", "auto", "required")
 AUTO_FLAGS = "--enable-auto-tool-choice and --tool-call-parser"
+# Tools a request may carry (counted before any is checked: each is validated against the JSON Schema metaschema,
+# ~0.3 ms apiece). OpenAI's API takes 128; tool-heavy clients (MCP hosts) send a few hundred.
+MAX_TOOLS = 1024
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{where}.function.name must be a non-empty string")
+    json_depth.check_value(tool, f"{where} (function {name[:60]!r})")  # (jsonschema and the copy below recurse)
     description = function.get("description")
     if description is not None and not isinstance(description, str):
         raise InvalidArgument(f"{where}.function.description must be a string")
@@ -121,9 +126,18 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_ca
     return ToolRequest(checked, choice, name, True if parallel_tool_calls is None else parallel_tool_calls)
 
 
+def check_tool_count(count: int) -> None:
+    if count > MAX_TOOLS:
+        raise InvalidArgument(f"the request has {count} tools; at most {MAX_TOOLS}")
+
+
 def checked_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
-    """The tools as the template gets them (each checked as tool_request checks it); None when there are none."""
-    return [_tool(t, i) for i, t in enumerate(tools)] if tools else None
+    """The tools as the template gets them (each checked as tool_request checks it, after their count); None when
+    there are none."""
+    if not tools:
+        return None
+    check_tool_count(len(tools))
+    return [_tool(t, i) for i, t in enumerate(tools)]
 
 
 def _call(call: Any, where: str) -> dict[str, Any]:
@@ -131,11 +145,13 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     write `tool_call.arguments | tojson`)."""
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         raise InvalidArgument(f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+    json_depth.check_value(call, where)
     function = dict(call["function"])
     if not isinstance(function.get("name"), str):
         raise InvalidArgument(f"{where}.function.name must be a string")
     arguments = function.get("arguments")
     if isinstance(arguments, str):
+        json_depth.check_text(arguments, f"{where}.function.arguments")
         try:
             function["arguments"] = json.loads(arguments) if arguments else {}
         except ValueError:

@@ -1,7 +1,8 @@
 """One entry per model family served: how to make its inputs the way its own HF processor does, and how
 to ask HF itself for the reference. tests/engine/test_families.py runs the same checks on every case.
 
-Adding a family = one FamilyCase here (its tiny model name, and overrides only where HF needs them).
+A new family gets one FamilyCase here (its tiny model name, and overrides only where HF needs them); the other
+files it touches are listed in docs/engine.md, "Families".
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from engine.llm_engine import Cancelled
-from engine.model_runner import ModelRunner
 from splice.engine_output import FinishReason, Usage
 from splice.engine_request import PROMPT_EMBEDS, EmbedSpan, EngineRequest, NamedTensor
 from splice.errors import InvalidArgument, ResourceExhausted
@@ -23,6 +22,7 @@ from tests.engine.engine_factories import (
     text_request,
     with_embed_span,
 )
+from tests.engine.runner_rows import Rows
 
 
 async def _wait_idle(engine, timeout: float = 10.0) -> None:
@@ -83,7 +83,7 @@ async def test_first_step_logits_match_hf_forward_on_the_same_inputs_embeds(requ
         x[at:at + 3] = rows
         hf_logits = m.model(inputs_embeds=x[None], **tensors).logits[0, -1].float()  # [vocab]
 
-    runner = ModelRunner(m.family)  # the engine's own parts, on a private batch
+    runner = Rows(m.family)  # the engine's own parts, on a private batch
     logits = runner.prefill([0], [m.family.prompt(req)])[0]
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=1e-4)
 
@@ -190,16 +190,16 @@ async def test_closing_the_stream_aborts_and_frees_the_slot(text_engine):
     gen = engine.generate(text_request(random_ids(7, seed=2), "gone", max_tokens=1000))
     got = [await gen.__anext__() for _ in range(2)]
     for _ in range(500):  # "keep" is validated in a thread: admitted, then prefilled, a step or two later
-        if engine.num_running == 2 and len(engine.runner.seq_ids) == 2:
+        if engine.num_running == 2 and engine.runner.rows == 2:
             break
         await asyncio.sleep(0.01)
-    assert engine.num_running == 2 and len(engine.runner.seq_ids) == 2
+    assert engine.num_running == 2 and engine.runner.rows == 2
     await gen.aclose()
     for _ in range(500):
-        if len(engine.runner.seq_ids) < 2:
+        if engine.runner.rows < 2:
             break
         await asyncio.sleep(0.01)
-    assert len(engine.runner.seq_ids) <= 1 and all(s.request_id != "gone" for s in engine._seqs.values())
+    assert engine.runner.rows <= 1 and all(s.request_id != "gone" for s in engine.requests.values())
     assert len(got) == 2
     toks, _ = await keep
     assert len(toks) == 300
@@ -215,7 +215,7 @@ async def test_abort_by_request_id_ends_the_stream(text_engine):
         async for out in engine.generate(text_request(random_ids(5, seed=4), "victim", max_tokens=1000)):
             seen.append(out)
             if len(seen) == 2:
-                victim = next(s for s in engine._seqs.values() if s.request_id == "victim")
+                victim = next(s for s in engine.requests.values() if s.request_id == "victim")
                 at_abort.append(victim.num_generated)
                 assert engine.abort("victim") == 1
 
@@ -279,13 +279,14 @@ async def test_a_full_queue_is_resource_exhausted_and_the_queue_drains(tiny_dirs
 
 async def test_a_prefill_failure_in_a_group_fails_only_that_request(text_engine, monkeypatch):
     engine = text_engine
-    real_prefill = engine.runner.prefill
+    real_prefill = engine.runner._prefill_whole
     poison = 9.0  # a prompt row starting with this value makes the forward raise (fault injection)
 
     poisoned_groups = []
     calls = []
 
-    def prefill(seq_ids, prompts):
+    def prefill(group, parts, out):  # a group of whole prompts, prefilled together
+        prompts = [parts[i].prompt for i in group]
         deadline = time.monotonic() + 5
         while calls and engine.num_waiting < 3 and time.monotonic() < deadline:
             time.sleep(0.005)  # hold the first prefill until the other three queue up behind it
@@ -293,16 +294,16 @@ async def test_a_prefill_failure_in_a_group_fails_only_that_request(text_engine,
         if any(float(p.embeds[0, 0]) == poison for p in prompts):
             poisoned_groups.append(len(prompts))
             raise RuntimeError("forward failed")
-        return real_prefill(seq_ids, prompts)
+        return real_prefill(group, parts, out)
 
     def mixed(tokens, parts):  # the group joins while `first` decodes: a packed step, which falls back to two
-        if any(p.prompt is not None and float(p.prompt.embeds[0, 0]) == poison for p in parts):
+        if any(float(p.prompt.embeds[0, 0]) == poison for p in parts):
             raise RuntimeError("forward failed")
         return real_mixed(tokens, parts)
 
-    real_mixed = engine.runner.mixed
-    monkeypatch.setattr(engine.runner, "prefill", prefill)
-    monkeypatch.setattr(engine.runner, "mixed", mixed)
+    real_mixed = engine.runner._packed
+    monkeypatch.setattr(engine.runner, "_prefill_whole", prefill)
+    monkeypatch.setattr(engine.runner, "_packed", mixed)
     rows = torch.full((2, engine.info.hidden_size), poison)
     bad = EngineRequest("bad", [0, 0, 5], [EmbedSpan(0, 2, 0)], [NamedTensor(PROMPT_EMBEDS, rows)],
                         SamplingParams(**GREEDY, max_tokens=4))

@@ -176,10 +176,10 @@ async def test_a_part_after_the_request_is_complete_is_invalid_argument(server, 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "after the request was complete" in err.value.details()
     for _ in range(500):
-        if engine.num_running == 0 and not engine._seqs:
+        if engine.num_running == 0 and not engine.requests:
             break
         await asyncio.sleep(0.01)
-    assert engine.num_running == 0 and not engine._seqs
+    assert engine.num_running == 0 and not engine.requests
 
 
 async def test_a_broken_stream_is_invalid_argument(stub):
@@ -200,7 +200,7 @@ async def test_cancelling_the_call_aborts_the_sequence_and_frees_its_slot(server
         if engine.num_running == 0 and engine.runner.batch is None:
             break
         await asyncio.sleep(0.01)
-    assert engine.num_running == 0 and engine.runner.batch is None and not engine._seqs
+    assert engine.num_running == 0 and engine.runner.batch is None and not engine.requests
 
 
 async def test_tensor_bytes_over_the_inflight_budget_are_resource_exhausted(server, stub):

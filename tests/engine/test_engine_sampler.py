@@ -97,13 +97,13 @@ def test_top_logprobs_are_each_rows_k_most_likely_of_the_raw_distribution():
 def test_the_batched_draw_is_torch_multinomial_per_row():
     """One argmax over p / Exp(1) for every row is what torch.multinomial draws from the row's generator: the same
     tokens, step after step, with top-k and top-p rows among them."""
-    from engine.sampler import _filter
+    from engine.sampler import top_k_top_p
 
     x = logits(12, 300, seed=4)
     params = [SamplingParams(temperature=0.4 + 0.1 * k, seed=k, top_k=5 if k % 3 == 0 else 0,
                              top_p=0.8 if k % 4 == 1 else 1.0) for k in range(12)]
     batched, per_row = gens(12), gens(12)
     for _ in range(20):
-        want = [int(torch.multinomial(_filter((x[r] - x[r].max()) / p.temperature, p).softmax(-1), 1,
+        want = [int(torch.multinomial(top_k_top_p((x[r] - x[r].max()) / p.temperature, p).softmax(-1), 1,
                                       generator=per_row[r])[0]) for r, p in enumerate(params)]
         assert sample(x, params, batched)[0] == want

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput, StepOutput
 from engine.sequence import SeqStatus, Sequence
 from splice.engine_output import FinishReason
 from splice.errors import InvalidArgument, ResourceExhausted
@@ -15,6 +15,25 @@ from splice.sampling import SamplingParams
 
 def seq(prompt_len: int = 4, rid: str = "r", max_model_len: int = 64, eos=(3,), **sampling) -> Sequence:
     return Sequence(rid, prompt_len, SamplingParams(**sampling), max_model_len, eos)
+
+
+def ran(s: Scheduler, out: SchedulerOutput, token: int = 5) -> list[Sequence]:
+    """What the engine tells the scheduler after `out` ran: every prompt part went through, and every decoding row,
+    completed prompt and started choice took `token`."""
+    done = [p.seq for p in out.prefill if p.end == p.seq.prompt_len]
+    rows = [*out.decode, *(x for d in done for x in (d, *d.forks))]
+    return s.update(out, StepOutput(done, rows, [token] * len(rows), [None] * len(rows), set()))
+
+
+def step(s: Scheduler) -> SchedulerOutput:
+    """One step: schedule, run."""
+    out = s.schedule()
+    ran(s, out)
+    return out
+
+
+def admitted(out: SchedulerOutput) -> list[Sequence]:
+    return [p.seq for p in out.prefill]
 
 
 def test_scheduler_module_does_not_import_torch():
@@ -30,14 +49,16 @@ def test_new_sequences_prefill_then_everyone_decodes_together():
     a, b = seq(5), seq(7)
     s.add(a)
     s.add(b)
-    out = s.schedule()
-    assert out.prefill == [a, b] and not out.decode
+    out = step(s)
+    assert admitted(out) == [a, b] and not out.decode
+    assert [(p.start, p.end) for p in out.prefill] == [(0, 5), (0, 7)]
     assert a.status is b.status is SeqStatus.RUNNING
-    assert s.schedule().decode == [a, b]
+    assert step(s).decode == [a, b]
     c = seq(3)
     s.add(c)  # joins at the next boundary without waiting for a and b
-    assert s.schedule().prefill == [c]
-    assert s.schedule().decode == [a, b, c]
+    assert admitted(step(s)) == [c]
+    assert step(s).decode == [a, b, c]
+    assert a.output_ids == [5, 5, 5, 5] and c.output_ids == [5, 5] and c.computed == 4
 
 
 def test_running_limit_keeps_the_rest_waiting_until_one_leaves():
@@ -45,12 +66,12 @@ def test_running_limit_keeps_the_rest_waiting_until_one_leaves():
     seqs = [seq(4, f"r{i}") for i in range(3)]
     for x in seqs:
         s.add(x)
-    assert s.schedule().prefill == seqs[:2]
-    assert s.schedule().decode == seqs[:2] and seqs[2].status is SeqStatus.WAITING
+    assert admitted(step(s)) == seqs[:2]
+    assert step(s).decode == seqs[:2] and seqs[2].status is SeqStatus.WAITING
     s.finish(seqs[0], FinishReason.STOP)
     assert seqs[0].is_finished and seqs[0].finish_reason is FinishReason.STOP
-    assert s.schedule().prefill == [seqs[2]]
-    assert s.schedule().decode == [seqs[1], seqs[2]]
+    assert admitted(step(s)) == [seqs[2]]
+    assert step(s).decode == [seqs[1], seqs[2]]
 
 
 def test_prefill_budget_counts_padded_positions():
@@ -59,8 +80,8 @@ def test_prefill_budget_counts_padded_positions():
     for x in (a, b, c):
         s.add(x)
     # a + b padded to 10 each = 20 fits; adding c makes 3 x 10 = 30
-    assert s.schedule().prefill == [a, b]
-    assert s.schedule().prefill == [c]
+    assert admitted(step(s)) == [a, b]
+    assert admitted(step(s)) == [c]
 
 
 def test_prompt_longer_than_the_batch_budget_is_rejected():
@@ -75,7 +96,7 @@ def test_queue_full_is_resource_exhausted():
         s.add(seq(4, f"r{i}"))
     with pytest.raises(ResourceExhausted, match="queue is full"):
         s.add(seq(4, "late"))
-    s.schedule()
+    step(s)
     with pytest.raises(ResourceExhausted):  # 2 running + 1 waiting: still full
         s.add(seq(4, "late"))
     s.finish(s.running[0], FinishReason.LENGTH)
@@ -87,9 +108,9 @@ def test_aborts_are_drained_from_running_and_waiting():
     a, b = seq(4, "a"), seq(4, "b")
     s.add(a)
     s.add(b)
-    s.schedule()
+    step(s)
     a.abort_requested = b.abort_requested = True
-    assert s.drain_aborts() == [a]
+    assert s.drain_aborts() == [a, b]
     assert a.finish_reason is b.finish_reason is FinishReason.ABORT
     assert not s.has_work and s.schedule().is_empty
 
@@ -112,26 +133,27 @@ def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill
     s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
     a = seq(4)
     s.add(a)
-    assert s.schedule().prefill == [a]
+    assert admitted(step(s)) == [a]
     arrivals = [seq(5, f"n{i}") for i in range(3)] + [seq(30, "long")]
     for x in arrivals:
         s.add(x)
-    out = s.schedule()
-    assert out.decode == [a] and out.prefill == arrivals[:2]  # 2 x 5 padded positions fit in 12, 3 x 5 do not
-    out = s.schedule()
-    assert out.decode == [a, *arrivals[:2]] and out.prefill == [arrivals[2]]
-    out = s.schedule()  # longer than the budget: admitted alone, prefilled 12 positions per step
-    assert not out.prefill and out.chunk.seq is arrivals[3] and (out.chunk.start, out.chunk.end) == (0, 12)
-    assert len(out.decode) == 4 and arrivals[3].status is SeqStatus.RUNNING
+    out = step(s)
+    assert out.decode == [a] and admitted(out) == arrivals[:2]  # 2 x 5 padded positions fit in 12, 3 x 5 do not
+    out = step(s)
+    assert out.decode == [a, *arrivals[:2]] and admitted(out) == [arrivals[2]]
+    long = arrivals[3]
+    out = step(s)  # longer than the budget: admitted alone, prefilled 12 positions per step
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 0, 12)]
+    assert len(out.decode) == 4 and long.status is SeqStatus.RUNNING and s.prefilling is long
+    assert long.computed == 12 and not long.output_ids
     s.add(late := seq(2, "late"))
-    s.chunk_done(arrivals[3], 12)
-    out = s.schedule()  # nothing else is admitted meanwhile
-    assert not out.prefill and (out.chunk.start, out.chunk.end) == (12, 24) and len(out.decode) == 4
-    s.chunk_done(arrivals[3], 24)
-    assert (s.schedule().chunk.start, s.schedule().chunk.end) == (24, 30)
-    s.chunk_done(arrivals[3], 30)
-    out = s.schedule()
-    assert out.chunk is None and out.prefill == [late] and arrivals[3] in out.decode
+    out = step(s)  # nothing else is admitted meanwhile
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 12, 24)] and len(out.decode) == 4
+    out = step(s)
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 24, 30)]
+    assert s.prefilling is None and long.computed == 30 and long.output_ids == [5]  # (from its last part)
+    out = step(s)
+    assert admitted(out) == [late] and long in out.decode
 
 
 def test_a_packed_mixed_step_admits_by_the_prompts_own_lengths():
@@ -141,24 +163,24 @@ def test_a_packed_mixed_step_admits_by_the_prompts_own_lengths():
         s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12,
                       packs_mixed_steps=packs)
         s.add(a := seq(4))
-        s.schedule()
+        step(s)
         arrivals = [seq(n, f"n{k}") for k, n in enumerate((5, 2, 3, 3))]
         for x in arrivals:
             s.add(x)
-        out = s.schedule()
-        assert out.decode == [a] and out.prefill == arrivals[:want], packs
+        out = step(s)
+        assert out.decode == [a] and admitted(out) == arrivals[:want], packs
     s = Scheduler(max_running_seqs=8, max_batch_tokens=12, max_queue=10, mixed_prefill_tokens=12,
                   packs_mixed_steps=True)
     s.add(a := seq(2))
-    s.schedule()
+    step(s)
     arrivals = [seq(n, f"m{n}") for n in (6, 1, 1)]
     for x in arrivals:
         s.add(x)
-    assert s.schedule().prefill == arrivals[:2]  # 6 + 1 + 1 fits 12, but padded 3 x 6 = 18 > max_batch_tokens
+    assert admitted(step(s)) == arrivals[:2]  # 6 + 1 + 1 fits 12, but padded 3 x 6 = 18 > max_batch_tokens
     s2 = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, packs_mixed_steps=True)
     s2.add(b := seq(5))
     s2.add(c := seq(3, "c"))
-    assert s2.schedule().prefill == [b, c]  # nothing running: a prefill forward, padded 2 x 5 within 100
+    assert admitted(step(s2)) == [b, c]  # nothing running: a prefill forward, padded 2 x 5 within 100
 
 
 def _with_choices(parent: Sequence, n: int) -> Sequence:
@@ -173,22 +195,25 @@ def test_a_request_of_n_choices_is_admitted_only_where_all_n_fit_and_its_slots_s
     b = _with_choices(seq(4, "b"), 2)
     s.add(a)
     s.add(b)
-    assert s.schedule().prefill == [a]  # b's two choices do not fit beside a's three
+    children = list(a.forks)
+    out = s.schedule()
+    assert admitted(out) == [a]  # b's two choices do not fit beside a's three
     assert s.reserved == 2 and s.used == 3
-    children = s.fork(a)  # a's prompt is in: its other choices run beside it, in the reserved slots
+    ran(s, out)  # a's prompt is in: its other choices run beside it, in the reserved slots, each with its token
     assert [c.index for c in children] == [1, 2] and all(c.status is SeqStatus.RUNNING for c in children)
     assert s.running == [a, *children] and s.reserved == 0 and not a.forks
-    assert s.schedule().decode == [a, *children] and b.status is SeqStatus.WAITING
+    assert all(c.output_ids == [5] and c.computed == 4 for c in (a, *children))
+    assert step(s).decode == [a, *children] and b.status is SeqStatus.WAITING
     s.finish(children[0], FinishReason.STOP)
     s.finish(a, FinishReason.STOP)
-    assert s.schedule().prefill == [b] and s.used == 3  # two slots freed: b and its reserved choice
+    assert admitted(step(s)) == [b] and s.used == 3  # two slots freed: b and its reserved choice
 
 
 def test_a_request_that_ends_before_its_choices_start_frees_their_slots():
     s = Scheduler(max_running_seqs=3, max_batch_tokens=100, max_queue=10)
     a = _with_choices(seq(4, "a"), 3)
     s.add(a)
-    s.schedule()
+    s.schedule()  # (aborted before it ran)
     assert s.used == 3
     a.abort_requested = True
     assert s.drain_aborts() == [a]
@@ -200,3 +225,17 @@ def test_n_beyond_the_running_slots_is_refused_naming_n():
     with pytest.raises(InvalidArgument, match=r"n is 5.*--max-running-seqs"):
         s.add(_with_choices(seq(4), 5))
     assert not s.waiting
+
+
+def test_update_ends_rows_on_stop_ids_length_and_complete_grammars_and_returns_them():
+    s = Scheduler(max_running_seqs=4, max_batch_tokens=100, max_queue=10)
+    stop, length, grammar, going = seq(4, "stop"), seq(4, "length", max_tokens=1), seq(4, "grammar"), seq(4, "on")
+    for x in (stop, length, grammar, going):
+        s.add(x)
+    out = s.schedule()
+    rows = [stop, length, grammar, going]
+    ended = s.update(out, StepOutput(rows, rows, [3, 7, 7, 7], [None, -0.5, None, None], {2}))  # 3: the EOS
+    assert ended == [stop, length, grammar] and s.running == [going]
+    assert [x.finish_reason for x in ended] == [FinishReason.STOP, FinishReason.LENGTH, FinishReason.STOP]
+    assert length.logprobs == [-0.5] and going.output_ids == [7] and going.computed == 4
+    assert step(s).decode == [going] and going.computed == 5

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from engine.encoder_cache import EncoderCache, content_key
-from engine.model_runner import ModelRunner
 from engine.models.base import ModelFamily
 from preprocessor.core import PreprocessorCore
 from preprocessor.model_files import load_model_files
@@ -30,6 +29,7 @@ from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, text_request, with_embed_span
 from tests.engine.family_cases import CASES, FamilyCase
+from tests.engine.runner_rows import Rows
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 
 N = 10  # generated tokens compared
@@ -102,7 +102,7 @@ async def test_mixed_request_from_the_preprocessor_lands_where_hf_puts_it(case, 
         for span in req.embed_spans:
             x[span.offset:span.offset + span.length] = req.span_rows(span)
         want = case.hf_first_logits(engine.m.model, req.token_ids, x, req.model_inputs)
-        got = ModelRunner(engine.m.family).prefill([0], [engine.m.family.prompt(req)])[0]
+        got = Rows(engine.m.family).prefill([0], [engine.m.family.prompt(req)])[0]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     tokens, _ = await collect(engine, req)
     assert tokens == [int(want.argmax())]

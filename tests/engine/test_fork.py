@@ -165,10 +165,10 @@ async def test_a_cancelled_request_frees_every_choice(engines):
     assert engine.num_running == 3
     await outputs.aclose()
     for _ in range(1000):  # the engine drains the aborts at its next step
-        if engine.num_running == 0 and not engine._seqs and engine.runner.batch is None:
+        if engine.num_running == 0 and not engine.requests and engine.runner.batch is None:
             break
         await asyncio.sleep(0.01)
-    assert engine.num_running == 0 and not engine._seqs and engine.runner.batch is None
+    assert engine.num_running == 0 and not engine.requests and engine.runner.batch is None
     assert engine.scheduler.reserved == 0
 
 
@@ -187,12 +187,10 @@ async def test_n_beyond_the_running_slots_is_refused_before_any_work(tiny_dirs):
 async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs):
     engine = start_engine(tiny_dirs["tiny-text"])
     try:
-        fork = engine.runner.fork
-
         def failing(*args):  # what a key/value buffer that cannot grow raises
             raise RuntimeError("out of memory")
 
-        engine.runner.fork = failing
+        engine.runner._fork = failing
         neighbour = _request(random_ids(5, seed=4), {}, "neighbour", temperature=0.0, ignore_eos=True, max_tokens=12)
         alone, _ = await collect(engine, neighbour)
         outputs = engine.generate(neighbour)
@@ -201,8 +199,8 @@ async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs):
             await _choices(engine, _request(random_ids(9, seed=8), {}, n=3, **SAMPLED))
         got += [t async for out in outputs for t in out.token_ids]
         assert got == alone  # the running request went on untouched
-        engine.runner.fork = fork
+        del engine.runner._fork  # (the instance's patch: the class's method again)
         assert sorted((await _choices(engine, _request([1, 2, 3], {}, n=2, **SAMPLED)))[0]) == [0, 1]
-        assert engine.num_running == 0 and engine.scheduler.reserved == 0 and not engine._generators
+        assert engine.num_running == 0 and engine.scheduler.reserved == 0 and not engine.requests
     finally:
         engine.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model_runner import ModelRunner
 from engine.models import ModelFamily, StepInputs, family_for
 from engine.models.gemma3 import Gemma3, image_blocks
 from preprocessor.core import PreprocessorCore
@@ -22,6 +21,7 @@ from splice.engine_request import EngineRequest, NamedTensor
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, start_engine
 from tests.engine.family_cases import CASES, image_token_types
+from tests.engine.runner_rows import Rows
 from tests.preprocessor.pp_factories import conversation, png_bytes, rows
 
 CASE = next(c for c in CASES if c.tiny == "tiny-gemma3")
@@ -52,7 +52,7 @@ class CausalImages(Gemma3):
 
 def _prefill(family: ModelFamily, ids: list[int], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     req = EngineRequest("r", ids, tensors=[NamedTensor(k, v) for k, v in tensors.items()])
-    return ModelRunner(family).prefill([0], [family.prompt(req)])[0]  # [vocab]
+    return Rows(family).prefill([0], [family.prompt(req)])[0]  # [vocab]
 
 
 def _hf_logits(model: torch.nn.Module, ids: list[int], tensors: dict[str, torch.Tensor], **extra) -> torch.Tensor:

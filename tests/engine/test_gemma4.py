@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model_runner import ModelRunner
 from engine.models.gemma4 import Gemma4
 from preprocessor.sentinel import FILLER_ID
 from splice.engine_request import EngineRequest, NamedTensor
@@ -17,6 +16,7 @@ from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, picture, start_engine, text_request, with_embed_span
 from tests.engine.family_cases import CASES, chat_prompt, hf_processor
+from tests.engine.runner_rows import Rows
 
 N = 12  # generated tokens compared
 CASE = next(c for c in CASES if c.tiny == "tiny-gemma4")
@@ -53,7 +53,7 @@ def _hf_greedy_from_embeds(model, embeds: torch.Tensor, per_layer: torch.Tensor,
 
 def _runner_greedy(family: Gemma4, ids: list[int], n: int, eos: tuple[int, ...]) -> list[int]:
     """The runner's greedy tokens for one text prompt, stopping at EOS."""
-    runner = ModelRunner(family)
+    runner = Rows(family)
     tokens = [int(runner.prefill([0], [family.prompt(text_request(ids))])[0].argmax())]
     while len(tokens) < n and tokens[-1] not in eos:
         tokens.append(int(runner.decode([tokens[-1]])[0].argmax()))
@@ -85,7 +85,7 @@ async def test_sliding_layers_need_their_own_mask(gemma4, tiny_dirs):
 def test_kv_shared_layers_keep_no_cache_and_producers_keep_every_column(gemma4, tiny_dirs):
     tc = gemma4.m.model.config.text_config
     ids, _ = CASE.inputs(tiny_dirs["tiny-gemma4"], LONG, images=0)
-    runner = ModelRunner(gemma4.m.family)
+    runner = Rows(gemma4.m.family)
     runner.prefill([0], [gemma4.m.family.prompt(text_request(ids))])
     runner.decode([5])
     layers = runner.batch.cache.layers

@@ -15,12 +15,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
 from engine.models.hybrid_cache import HybridCache
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, start_engine, text_request
 from tests.engine.family_cases import CASES
+from tests.engine.runner_rows import Rows
 
 HYBRIDS = ["tiny-qwen3.5", "tiny-lfm2-vl"]
 
@@ -47,7 +47,7 @@ def _greedy(logits: torch.Tensor) -> list[int]:
 
 
 def _solo(family, prompt, steps: int) -> tuple[torch.Tensor, list[int]]:
-    runner = ModelRunner(family)
+    runner = Rows(family)
     first = runner.prefill([0], [prompt])
     tokens = _greedy(first)
     for _ in range(steps - 1):
@@ -55,7 +55,7 @@ def _solo(family, prompt, steps: int) -> tuple[torch.Tensor, list[int]]:
     return first[0], tokens
 
 
-def _state_rows(runner: ModelRunner) -> set[int]:
+def _state_rows(runner) -> set[int]:
     return set(HybridCache.batch_rows(runner.batch.cache))
 
 
@@ -64,7 +64,7 @@ def test_prompts_prefilled_together_give_their_solo_logits_and_tokens(hybrid):
     prompts = _prompts(case, folder, family)
     assert len({len(p.token_ids) for p in prompts}) == len(prompts), "lengths must differ: left padding"
     solo = [_solo(family, p, 6) for p in prompts]
-    runner = ModelRunner(family)
+    runner = Rows(family)
     first = runner.prefill(list(range(len(prompts))), prompts)
     # Batching alone moves these logits by ~2e-7. Padding leaking into the state moves them by 2e-6 (LFM2) to 2e-4
     # (Qwen3.5) with the tiny models' small random weights (real checkpoints: up to 1.6e-1), hence 1e-6.
@@ -81,7 +81,7 @@ def test_rows_joining_and_leaving_between_steps_keep_their_solo_tokens(hybrid):
     case, folder, family = hybrid
     prompts = _prompts(case, folder, family, 5)
     solo = [_solo(family, p, 12)[1] for p in prompts]
-    runner = ModelRunner(family)
+    runner = Rows(family)
     got: dict[int, list[int]] = {}
 
     def prefill(seqs: list[int]) -> None:
@@ -125,20 +125,20 @@ async def test_a_cancelled_request_frees_its_state_at_once(hybrid_engine):
     gen = engine.generate(text_request([210, 211, 212], "gone", max_tokens=1000))
     await gen.__anext__()
     for _ in range(500):  # "keep" is admitted and prefilled a step or two later
-        if len(engine.runner.seq_ids) == 2:
+        if engine.runner.rows == 2:
             break
         await asyncio.sleep(0.01)
-    assert len(engine.runner.seq_ids) == 2
+    assert engine.runner.rows == 2
     assert _state_rows(engine.runner) == {2}
-    gone = next(s.seq_id for s in engine._seqs.values() if s.request_id == "gone")
+    gone = next(s for s in engine.requests.values() if s.request_id == "gone")
     assert engine.abort("gone") == 1
     for _ in range(500):
-        if gone not in engine.runner.seq_ids:
+        if gone.slot is None:  # (its row removed: the engine forgets its slot last)
             break
         await asyncio.sleep(0.01)
-    assert gone not in engine.runner.seq_ids
+    assert gone.slot is None and gone not in engine.requests.values()
     batch = engine.runner.batch
-    assert batch is not None and len(batch.seq_ids) == 1 and _state_rows(engine.runner) == {1}
+    assert batch is not None and batch.kv.rows == 1 and _state_rows(engine.runner) == {1}
     with pytest.raises(Exception, match="aborted"):
         async for _ in gen:
             pass

@@ -21,12 +21,12 @@ from transformers import DynamicCache
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner, PromptPart
 from engine.models.lean_llama import unsupported
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import FailedPrecondition
 from tests.engine.engine_factories import collect, random_ids, start_engine, text_request
 from tests.engine.family_cases import CASES
+from tests.engine.runner_rows import Part, Rows
 
 LEAN = ("tiny-text", "tiny-llava", "tiny-idefics3", "tiny-llava-onevision")
 
@@ -46,26 +46,26 @@ def pair(request, tiny_dirs):
 
 def _steps(family, case, model_dir, monkeypatch) -> list[torch.Tensor]:
     """Every kind of forward the runner makes, in one sequence -> the logits of each."""
-    import engine.model_runner as model_runner
+    import engine.forwards as forwards
 
-    monkeypatch.setattr(model_runner, "PREFILL_CHUNK", 16)  # so the long prompt's prefill is chunked
+    monkeypatch.setattr(forwards, "PREFILL_CHUNK", 16)  # so the long prompt's prefill is chunked
     prompts = [family.prompt(EngineRequest(f"t{k}", random_ids(n, seed=k))) for k, n in enumerate((6, 13, 9, 21))]
     if case.images:
         ids, tensors = case.inputs(model_dir)
         long = family.prompt(EngineRequest("img", ids, [], [NamedTensor(k, v) for k, v in tensors.items()]))
     else:
         long = family.prompt(EngineRequest("long", random_ids(40, seed=8)))
-    runner = ModelRunner(family)
+    runner = Rows(family)
 
     def tokens() -> list[int]:  # fixed inputs: the comparison is of logits, not of what they pick
         return [40 + k for k in range(len(runner.seq_ids))]
 
     out = [runner.prefill([0, 1], prompts[:2])]  # left-padded: the rows start at different columns
-    out += runner.mixed(tokens(), [PromptPart(2, prompts[2], 0, 9), PromptPart(3, prompts[3], 0, 21)])
+    out += runner.mixed(tokens(), [Part(2, prompts[2], 0, 9), Part(3, prompts[3], 0, 21)])
     runner.remove({1})  # the last row moves into the leaving one's slot
     n = len(long.token_ids)
     for start, end in ((0, 5), (5, n)):  # a long prompt in two packed parts
-        out += runner.mixed(tokens(), [PromptPart(4, long if start == 0 else None, start, end)])
+        out += runner.mixed(tokens(), [Part(4, long if start == 0 else None, start, end)])
     out.append(runner.prefill([5], [long]))  # alone, chunk by chunk
     for _ in range(4):  # the rows end at different columns
         out.append(runner.decode(tokens()))
@@ -89,7 +89,7 @@ def test_lean_logits_equal_hf_llama_model_on_its_own_cache(tiny_dirs):
     with torch.inference_mode():
         cache = DynamicCache()
         want = [model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]]
-        runner = ModelRunner(family)
+        runner = Rows(family)
         got = [runner.prefill([0], [family.prompt(EngineRequest("r", ids[0].tolist()))])]
         for _ in range(5):
             token = int(want[-1].argmax(-1))
@@ -102,8 +102,8 @@ def test_lean_logits_equal_hf_llama_model_on_its_own_cache(tiny_dirs):
 def test_fused_weights_are_hf_parameters_views(tiny_dirs):
     family = load(EngineConfig(model=str(tiny_dirs["tiny-text"]))).family
     for layer, hf in zip(family.backbone.layers, family.backbone.hf.layers, strict=True):
-        for fused, parts in ((layer.qkv_w, (hf.self_attn.q_proj, hf.self_attn.k_proj, hf.self_attn.v_proj)),
-                             (layer.gu_w, (hf.mlp.gate_proj, hf.mlp.up_proj))):
+        for fused, parts in ((layer.qkv.weight, (hf.self_attn.q_proj, hf.self_attn.k_proj, hf.self_attn.v_proj)),
+                             (layer.gate_up.weight, (hf.mlp.gate_proj, hf.mlp.up_proj))):
             assert torch.equal(fused, torch.cat([p.weight for p in parts]))
             base = fused.untyped_storage().data_ptr()
             assert all(p.weight.untyped_storage().data_ptr() == base for p in parts)

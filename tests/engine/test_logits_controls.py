@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (
 )
 
 from engine.logits_controls import LogitsControls
-from engine.sampler import _min_p, make_generator, sample
+from engine.sampler import below_min_p, make_generator, sample
 from engine.sequence import Sequence
 from splice.sampling import SamplingParams
 
@@ -165,11 +165,14 @@ def test_released_rows_are_reused_clean():
     controls.start(first, [1, 2])
     controls.apply(_logits(1, 0), [first])
     controls.record([first], [5])
-    controls.release(first.seq_id)
+    row = first.controls.penalty
+    controls.release(first)
+    assert first.controls is None
     second = Sequence("b", 2, SamplingParams(frequency_penalty=1.0), 512)
     controls.start(second, [1, 2])
     x = _logits(1, 1)
     torch.testing.assert_close(controls.apply(x, [second]), x)  # nothing generated yet: nothing to subtract
+    assert second.controls.penalty == row
 
 
 def test_a_row_whose_every_token_is_banned_keeps_its_logits():
@@ -186,7 +189,7 @@ def test_a_row_whose_every_token_is_banned_keeps_its_logits():
 def test_min_p_is_hfs_min_p_warper(min_p):
     x = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(3)) * 3
     x = x - x.amax(-1, keepdim=True)  # as the sampler hands it over: each row's top logit at 0
-    got = x.masked_fill(_min_p(x, [min_p] * 3), float("-inf"))
+    got = x.masked_fill(below_min_p(x, [min_p] * 3), float("-inf"))
     want = MinPLogitsWarper(min_p)(torch.zeros(3, 1, dtype=torch.long), x.clone()) if min_p else x
     assert torch.equal(got.isinf(), want.isinf())
     torch.testing.assert_close(got[~got.isinf()], x[~got.isinf()])

@@ -38,7 +38,7 @@ async def test_arrivals_prefilled_in_parts_give_their_solo_tokens(engine):
     finally:
         engine.scheduler.mixed_prefill_tokens = DEFAULT_MIXED_PREFILL_TOKENS
     assert list(together) == solo
-    assert engine.runner.partial is None and engine.scheduler.prefilling is None
+    assert engine.scheduler.prefilling is None
     assert engine.steps > steps
 
 
@@ -64,4 +64,4 @@ async def test_a_long_prompt_aborted_mid_prefill_frees_its_slot(engine):
         assert len((await keep)[0]) == 300
     finally:
         engine.scheduler.mixed_prefill_tokens = DEFAULT_MIXED_PREFILL_TOKENS
-    assert engine.runner.partial is None and engine.scheduler.prefilling is None
+    assert engine.scheduler.prefilling is None

@@ -65,7 +65,7 @@ def _whole(req) -> engine_pb2.GenerateRequest:
 
 
 def _idle(engine) -> bool:
-    return engine.num_running == 0 and not engine._seqs
+    return engine.num_running == 0 and not engine.requests
 
 
 async def _tokens(client: EngineClient, req) -> tuple[dict[int, list[int]], list]:
@@ -156,7 +156,7 @@ async def test_closing_a_call_cancels_its_sequence_only(server, clients):
     outputs = mux.generate(text_request(random_ids(5, seed=41), "cancel-me", max_tokens=5000))
     await anext(outputs)
     await outputs.aclose()  # the caller went away: a cancel goes out, the sequence aborts
-    await until(lambda: not any(s.request_id == "cancel-me" for s in engine._seqs.values()), "cancel-me aborted")
+    await until(lambda: not any(s.request_id == "cancel-me" for s in engine.requests.values()), "cancel-me aborted")
     await until(lambda: cancelled._value.get() == before + 1, "the cancelled call counted")
     assert (await kept)[0] == (await _tokens(per_call, keep))[0]
     assert (await _tokens(mux, keep))[0] == (await kept)[0]  # the same stream serves on

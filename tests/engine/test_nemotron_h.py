@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin
 
-from engine.model_runner import ModelRunner
 from engine.models.nemotron_h import NemotronH
 from tests.engine.engine_factories import collect, picture, random_ids, start_engine, text_request
 from tests.engine.family_cases import FamilyCase, hf_processor
+from tests.engine.runner_rows import Rows
 
 TINY = "tiny-nemotron-omni"
 CASE = FamilyCase(TINY)
@@ -74,7 +74,7 @@ def test_left_padding_reaches_the_mamba_state_without_the_2d_mask(engine, tiny_d
 
     def run(fam, prompts):
         """-> (first row's logits, its recurrent states, one per Mamba layer)."""
-        runner = ModelRunner(fam)
+        runner = Rows(fam)
         logits = runner.prefill(list(range(len(prompts))), prompts)[0]
         layers = [x for x in runner.batch.cache.layers if isinstance(x, LinearAttentionCacheLayerMixin)]
         return logits, [x.recurrent_states[0][0] for x in layers]
@@ -98,14 +98,14 @@ def test_rows_join_and_leave_with_their_own_states(engine, tiny_dirs):
     family = engine.m.family
 
     def solo(prompt, steps):
-        runner = ModelRunner(family)
+        runner = Rows(family)
         logits = [runner.prefill([0], [prompt])[0]]
         for _ in range(steps):
             logits.append(runner.decode([int(logits[-1].argmax())])[0])
         return logits
 
     want_a, want_b = solo(a, 5), solo(b, 6)
-    runner = ModelRunner(family)
+    runner = Rows(family)
     got_a = [runner.prefill([0], [a])[0]]
     for _ in range(2):
         got_a.append(runner.decode([int(got_a[-1].argmax())])[0])
@@ -117,7 +117,7 @@ def test_rows_join_and_leave_with_their_own_states(engine, tiny_dirs):
         got_b.append(both[1])
     runner.remove({0})  # a leaves: its states go, b's padding columns are trimmed
     assert _rows(runner.batch.cache) == {1}
-    assert runner.batch.width == len(b.token_ids) + 3
+    assert runner.batch.kv.width == len(b.token_ids) + 3
     for _ in range(3):
         got_b.append(runner.decode([int(got_b[-1].argmax())])[0])
     for got, want in ((got_a, want_a), (got_b, want_b)):
@@ -130,13 +130,13 @@ async def test_a_cancelled_request_frees_its_states_at_once(engine):
     gen = engine.generate(text_request(random_ids(8, seed=2), "gone", max_tokens=1000))
     await gen.__anext__()
     for _ in range(500):
-        if len(engine.runner.seq_ids) == 2:
+        if engine.runner.rows == 2:
             break
         await asyncio.sleep(0.01)
     assert _rows(engine.runner.batch.cache) == {2}
     await gen.aclose()  # the stream closed: the engine aborts "gone" between steps
     for _ in range(500):
-        if len(engine.runner.seq_ids) == 1:
+        if engine.runner.rows == 1:
             break
         await asyncio.sleep(0.01)
     batch = engine.runner.batch

@@ -1,4 +1,4 @@
-"""Mixed steps as one packed forward (engine/model_runner.py `mixed`): the running rows' decode tokens and the prompt
+"""Mixed steps as one packed forward (engine/forwards.py `packed`): the running rows' decode tokens and the prompt
 positions of arrivals in one row of tokens, attention split per sequence. Every row and every prompt (whole ones, and
 a long one in parts across steps; with images where the family takes them) gets exactly its solo greedy tokens, for a
 Llama-style family, Idefics3, and the Qwen2 text stacks (Qwen2-VL's M-RoPE, LLaVA-OneVision); and the engine takes
@@ -14,10 +14,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner, PromptPart
 from splice.engine_request import EngineRequest, NamedTensor
 from tests.engine.engine_factories import collect, random_ids, start_engine, text_request
 from tests.engine.family_cases import CASES
+from tests.engine.runner_rows import Part, Rows
 
 PACKED = ("tiny-text", "tiny-idefics3", "tiny-qwen2-vl", "tiny-llava-onevision")
 STEPS = 6  # decode steps after the last prompt is in
@@ -45,7 +45,7 @@ def _prompts(case, family, model_dir) -> list:
 
 
 def _solo(family, prompt, n: int) -> list[int]:
-    runner = ModelRunner(family)
+    runner = Rows(family)
     tokens = runner.prefill([0], [prompt]).argmax(-1).tolist()
     while len(tokens) < n:
         tokens += runner.decode(tokens[-1:]).argmax(-1).tolist()
@@ -58,7 +58,7 @@ def test_packed_steps_give_every_row_and_prompt_its_solo_tokens(case_family):
     prompts = _prompts(case, family, model_dir)
     long = prompts[4]
     cuts = [0, 5, len(long.token_ids) // 2, len(long.token_ids)]  # the long prompt over three steps
-    runner = ModelRunner(family)
+    runner = Rows(family)
     got: dict[int, list[int]] = {}
 
     def record(seqs, logits):
@@ -72,12 +72,12 @@ def test_packed_steps_give_every_row_and_prompt_its_solo_tokens(case_family):
         record([p.seq_id for p in parts if p.end == len((p.prompt or long).token_ids)], prefilled)
 
     record([0, 1], runner.prefill([0, 1], prompts[:2]))  # left-padded: rows start at different columns
-    step([PromptPart(2, prompts[2], 0, len(prompts[2].token_ids)),
-          PromptPart(3, prompts[3], 0, len(prompts[3].token_ids))])  # two whole prompts join
+    step([Part(2, prompts[2], 0, len(prompts[2].token_ids)),
+          Part(3, prompts[3], 0, len(prompts[3].token_ids))])  # two whole prompts join
     runner.remove({1})  # the last row moves into its slot
     for k, (start, end) in enumerate(itertools.pairwise(cuts)):
-        step([PromptPart(4, long if k == 0 else None, start, end)])
-        assert (runner.partial is None) == (end == cuts[-1])
+        step([Part(4, long if k == 0 else None, start, end)])
+        assert (runner.last.done == [0]) == (end == cuts[-1])  # its row joins with its last part only
     assert runner.seq_ids == [0, 2, 3, 4]
     for _ in range(STEPS):
         record(runner.seq_ids, runner.decode([got[s][-1] for s in runner.seq_ids]))
@@ -89,12 +89,12 @@ def test_mixed_logits_equal_a_decode_step_and_a_prefill(case_family):
     """The packed forward's logits are the two forwards' (not only their argmax)."""
     case, family, model_dir = case_family
     prompts = _prompts(case, family, model_dir)
-    ref, packed = ModelRunner(family), ModelRunner(family)
+    ref, packed = Rows(family), Rows(family)
     tokens = ref.prefill([0, 1, 2], prompts[:3]).argmax(-1).tolist()
     packed.prefill([0, 1, 2], prompts[:3])
     want_rows = ref.decode(tokens)
     want_prompt = ref.prefill([3], [prompts[3]])
-    rows, first = packed.mixed(tokens, [PromptPart(3, prompts[3], 0, len(prompts[3].token_ids))])
+    rows, first = packed.mixed(tokens, [Part(3, prompts[3], 0, len(prompts[3].token_ids))])
     torch.testing.assert_close(rows, want_rows, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(first, want_prompt, atol=1e-5, rtol=1e-5)
 

@@ -11,11 +11,10 @@ import asyncio
 import pytest
 import torch
 
-import engine.model_runner as model_runner
+import engine.forwards as forwards
 import engine.prompt_logprobs as engine_plp
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
 from engine.sampler import make_generator, sample
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import InvalidArgument
@@ -23,6 +22,7 @@ from splice.prompt_logprobs import PromptLogprobs
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, random_ids, text_request, with_embed_span
 from tests.engine.family_cases import CASES, FamilyCase
+from tests.engine.runner_rows import Rows
 
 K = 5
 CASE = {c.tiny: c for c in CASES}
@@ -88,7 +88,7 @@ async def test_zero_alternatives_and_a_one_token_prompt(engines, tiny_dirs):
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-qwen2-vl"])
 def test_a_prompt_prefilled_in_chunks_with_its_logits_in_chunks_equals_hf(name, tiny_dirs, monkeypatch):
-    monkeypatch.setattr(model_runner, "PREFILL_CHUNK", 7)
+    monkeypatch.setattr(forwards, "PREFILL_CHUNK", 7)
     case = CASE[name]
     family = load(EngineConfig(model=str(tiny_dirs[name]))).family
     # a few positions per chunk of logits: the [positions, vocab] tensor never holds the prompt's
@@ -96,7 +96,7 @@ def test_a_prompt_prefilled_in_chunks_with_its_logits_in_chunks_equals_hf(name, 
     ids, _ = case.inputs(tiny_dirs[name], TEXT, images=0)
     assert len(ids) > 3 * 7 and family.chunkable(family.prompt(_request(ids, {})))
     prompt = family.prompt(_request(ids, {}))
-    runner = ModelRunner(family)
+    runner = Rows(family)
     first = runner.prefill([4], [prompt])
     got = runner.take_prompt_logprobs(4)
     assert runner.take_prompt_logprobs(4) is None  # taken once
@@ -111,13 +111,12 @@ def test_only_the_asking_prompt_of_a_padded_group_is_scored(tiny_dirs):
     a, b, c = random_ids(9, seed=1), random_ids(15, seed=2), random_ids(4, seed=3)
     prompts = [family.prompt(_request(a, {}, prompt_logprobs=None)), family.prompt(_request(b, {})),
                family.prompt(_request(c, {}, prompt_logprobs=2))]
-    runner = ModelRunner(family)
+    runner = Rows(family)
     runner.prefill([1, 2, 3], prompts)
     assert runner.take_prompt_logprobs(1) is None
     assert_equals_hf(runner.take_prompt_logprobs(2), b, hf_reference(case, family.model, family, b, {}))
     assert_equals_hf(runner.take_prompt_logprobs(3), c, hf_reference(case, family.model, family, c, {}), k=2)
-    runner.remove({1, 2, 3})
-    assert runner.prompt_logprobs == {}
+    assert sorted(i for i, _ in runner.last.scores) == [1, 2]  # the runner scored the asking prompts' positions only
 
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-gemma3"])
@@ -130,19 +129,19 @@ async def test_prompts_joining_running_rows_give_their_solo_prompt_logprobs(name
     solo = [(await collect(engine, _request(p, {}, f"solo{i}")))[1][0].prompt_logprobs
             for i, p in enumerate((long, short))]
     parts, packed = [], engine.packed_steps
-    step = engine.runner.step
+    execute = engine.runner.execute
 
     def counted(tokens, prompt_parts):  # calls through: which parts the prompts were prefilled in
         parts.extend(p.start for p in prompt_parts)
-        return step(tokens, prompt_parts)
+        return execute(tokens, prompt_parts)
 
-    engine.runner.step = counted
+    engine.runner.execute = counted
     runner = engine.generate(text_request(random_ids(6, seed=4), "runner", max_tokens=60))
     await anext(runner)  # it decodes while the others join
     together = await asyncio.gather(*(collect(engine, _request(p, {}, f"joined{i}")) for i, p in
                                       enumerate((long, short))))
     await runner.aclose()
-    del engine.runner.step
+    del engine.runner.execute
     if engine.m.family.packs_mixed_steps:
         assert engine.packed_steps > packed + 1  # the long one in parts, packed beside the running row
     else:
@@ -151,7 +150,11 @@ async def test_prompts_joining_running_rows_give_their_solo_prompt_logprobs(name
         got = outs[0].prompt_logprobs
         assert got.token_ids == want.token_ids and got.ranks == want.ranks and got.top_ids == want.top_ids
         torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4, rtol=1e-4)
-    assert engine.runner.prompt_logprobs == {}
+    for _ in range(1000):  # the closed "runner" leaves at the next step: no record (nor its prompt logprobs) stays
+        if not engine.requests:
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.requests
 
 
 async def test_prompt_logprobs_with_prompt_embeds_are_refused(engines):

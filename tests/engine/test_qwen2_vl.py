@@ -17,7 +17,6 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
 from preprocessor.core import PreprocessorCore
 from preprocessor.model_files import load_model_files
 from splice.engine_request import EngineRequest, NamedTensor
@@ -25,6 +24,7 @@ from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
 from tests.engine.engine_factories import collect, picture, start_engine, text_request, with_embed_span
 from tests.engine.family_cases import CASES, chat_prompt
+from tests.engine.runner_rows import Rows
 from tests.preprocessor.pp_factories import conversation, model_info_from_config, png_bytes, rows
 
 TINY = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
@@ -74,7 +74,7 @@ def test_decode_continues_from_max_plus_one(name, loaded, tiny_dirs):
     m = loaded[name]
     out = _processed(tiny_dirs[name])
     req = _request(out)
-    runner = ModelRunner(m.family)
+    runner = Rows(m.family)
     prompt = m.family.prompt(req)
     token = int(runner.prefill([0], [prompt])[0].argmax())
     assert runner.batch.positions.tolist() == [prompt.next_position]
@@ -87,7 +87,7 @@ def test_decode_continues_from_max_plus_one(name, loaded, tiny_dirs):
                                                    dim=1)).logits[0, -1].float()
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     # the same step continued from the token count (no rope delta) is measurably another computation
-    runner = ModelRunner(m.family)
+    runner = Rows(m.family)
     runner.prefill([0], [prompt])
     runner.batch.positions = torch.tensor([len(req.token_ids)])
     assert (runner.decode([token])[0] - want).abs().max() > 1e-3

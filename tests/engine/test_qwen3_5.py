@@ -7,10 +7,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner
 from splice.engine_request import EngineRequest, NamedTensor
 from tests.engine.engine_factories import picture
 from tests.engine.family_cases import chat_prompt, hf_processor
+from tests.engine.runner_rows import Rows
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_image_positions_change_the_logits(qwen):
     prompt = family.prompt(_request(out))
     flat = torch.arange(len(prompt.token_ids))[None].expand(3, -1)  # what 1-D RoPE would use
     assert not torch.equal(prompt.positions, flat)
-    m_rope = ModelRunner(family).prefill([0], [prompt])
+    m_rope = Rows(family).prefill([0], [prompt])
     prompt.positions = flat
-    one_d = ModelRunner(family).prefill([0], [prompt])
+    one_d = Rows(family).prefill([0], [prompt])
     assert (m_rope - one_d).abs().max() > 1e-4

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.forwards import PREFILL_CHUNK
 from engine.llm_engine import LLMEngine
-from engine.model_runner import PREFILL_CHUNK
 from engine.models.idefics3 import Idefics3
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache
@@ -149,7 +149,7 @@ async def test_an_abort_mid_stream_frees_the_row(sim_engine):
     assert engine.num_running == 1
     await gen.aclose()
     await asyncio.wait_for(_idle(engine), 30)
-    assert len(got) == 3 and not engine._seqs
+    assert len(got) == 3 and not engine.requests
 
 
 async def test_pictures_go_through_the_families_geometry_with_zero_features(tiny_dirs):

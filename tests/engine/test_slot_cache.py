@@ -10,8 +10,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loader import load
-from engine.model_runner import ModelRunner, PromptPart, batch_capacity
+from engine.model_runner import batch_capacity
 from splice.engine_request import EngineRequest
+from tests.engine.runner_rows import Part, Rows
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def _prompt(family, n: int, seed: int):
 
 
 def _solo(family, prompt, steps: int) -> list[int]:
-    runner = ModelRunner(family)
+    runner = Rows(family)
     tokens = runner.prefill([0], [prompt]).argmax(-1).tolist()
     for _ in range(steps):
         tokens += runner.decode(tokens[-1:]).argmax(-1).tolist()
@@ -35,7 +36,7 @@ def _solo(family, prompt, steps: int) -> list[int]:
 def test_rows_join_and_leave_in_place_with_their_solo_tokens(family):
     prompts = [_prompt(family, n, seed) for seed, n in enumerate((7, 19, 3, 11, 5))]
     solo = [_solo(family, p, 8) for p in prompts]
-    runner = ModelRunner(family)
+    runner = Rows(family)
     got: dict[int, list[int]] = {}
 
     def prefill(seqs):
@@ -55,7 +56,7 @@ def test_rows_join_and_leave_in_place_with_their_solo_tokens(family):
     buffers = layer.k_buf.data_ptr(), layer.v_buf.data_ptr()
     first_slot = layer.k_buf[0].clone()
     runner.remove({1})  # slot 1 takes the last row (sequence 3); nothing else moves
-    assert runner.seq_ids == [0, 2, 3] and runner.batch.slot_seqs == [0, 3, 2]
+    assert runner.seq_ids == [0, 2, 3] and runner.slot_seqs == [0, 3, 2]
     assert (layer.k_buf.data_ptr(), layer.v_buf.data_ptr()) == buffers
     assert torch.equal(layer.k_buf[0], first_slot)
     decode()
@@ -63,9 +64,27 @@ def test_rows_join_and_leave_in_place_with_their_solo_tokens(family):
     assert (layer.k_buf.data_ptr(), layer.v_buf.data_ptr()) == buffers
     for _ in range(3):
         decode()
-    assert layer.keys.shape[0] == 4 and layer.keys.shape[2] == runner.batch.width
+    assert layer.keys.shape[0] == 4 and layer.keys.shape[2] == runner.batch.kv.width
     for s, tokens in got.items():
         assert tokens == solo[s][:len(tokens)], f"sequence {s}"
+
+
+def test_rows_leaving_together_say_where_the_last_rows_went(family):
+    """The runner knows slots only: `remove` says which rows moved (the engine moves their records' slots), each
+    leaving slot taking the last row still there, and a row that moved keeps its solo tokens."""
+    prompts = [_prompt(family, n, seed) for seed, n in enumerate((5, 9, 4, 7, 6, 8))]
+    solo = _solo(family, prompts[5], 4)
+    runner = Rows(family)
+    first = runner.prefill(list(range(6)), prompts)
+    runner.remove({2, 4})
+    assert runner.moved == {5: 2} and runner.slot_seqs == [0, 1, 5, 3]  # 4 takes 5, then 2 takes it; 3 stays
+    assert runner.runner.remove([7]) == {} and runner.runner.rows == 4  # (past the rows: nothing to drop)
+    tokens = {s: [int(first[s].argmax())] for s in runner.joined}
+    for _ in range(4):
+        step = runner.decode([tokens[s][-1] for s in runner.joined])
+        for s, t in zip(runner.joined, step.argmax(-1).tolist(), strict=True):
+            tokens[s].append(t)
+    assert tokens[5] == solo
 
 
 def _rss_mib() -> float:
@@ -82,7 +101,7 @@ def test_reserved_buffers_never_move_and_cost_only_what_is_written(family):
     solo = [_solo(family, p, 12) for p in prompts]
     columns = 1 << 20  # 65 slots x 1M columns: GiBs per buffer if it were committed
     before = _rss_mib()
-    runner = ModelRunner(family, batch_capacity(64, columns - 1))
+    runner = Rows(family, batch_capacity(64, columns - 1))
     got = {s: [t] for s, t in zip([0, 1], runner.prefill([0, 1], prompts[:2]).argmax(-1).tolist(), strict=True)}
     layer = runner.batch.kv.layers[0]
     assert layer.k_buf.shape[0] == 65 and layer.k_buf.shape[2] == columns
@@ -96,11 +115,11 @@ def test_reserved_buffers_never_move_and_cost_only_what_is_written(family):
             got[s].append(t)
         return done
 
-    got[2] = decode_and([PromptPart(2, prompts[2], 0, 4)]).argmax(-1).tolist()
+    got[2] = decode_and([Part(2, prompts[2], 0, 4)]).argmax(-1).tolist()
     decode_and([])
     long = prompts[3]
     for start in range(0, 700, 256):  # the long prompt in three parts beside the decoding rows
-        done = decode_and([PromptPart(3, long if start == 0 else None, start, min(start + 256, 700))])
+        done = decode_and([Part(3, long if start == 0 else None, start, min(start + 256, 700))])
     got[3] = done.argmax(-1).tolist()
     runner.remove({1})
     for _ in range(5):
@@ -116,7 +135,7 @@ def test_buffers_grow_past_the_capacity_keeping_what_was_written(family):
     buffers grow, copying what every slot holds, and the rows keep their solo tokens."""
     prompts = [_prompt(family, n, seed) for seed, n in enumerate((5, 12, 40))]
     solo = [_solo(family, p, 30) for p in prompts]
-    runner = ModelRunner(family, (1, 8))
+    runner = Rows(family, (1, 8))
     got = {s: [t] for s, t in zip([0, 1], runner.prefill([0, 1], prompts[:2]).argmax(-1).tolist(), strict=True)}
     got[2] = runner.prefill([2], prompts[2:]).argmax(-1).tolist()
     for _ in range(30):

@@ -14,6 +14,8 @@ from transformers import AutoTokenizer
 
 from splice.engine_output import FinishReason
 from splice.errors import InvalidArgument
+from splice.grammar import spec_key
+from splice.grammar_cache import GrammarCache
 from splice.structured_output import StructuredOutput
 from tests.engine.engine_factories import collect, random_ids, text_request, with_embed_span
 
@@ -87,47 +89,124 @@ async def test_invalid_specs_are_refused(text_engine):
             await collect(text_engine, text_request([5, 6, 7], structured=so, max_tokens=4))
 
 
+def _hold_workers(cache, gate: threading.Event) -> list:
+    """Every compile worker of `cache` busy with a job that waits for `gate` (returns once each has started)."""
+    jobs = [cache._job(f"gate-{i}", 0, gate.wait) for i in range(cache.workers)]
+    for job in jobs:
+        job.began.result(timeout=60)
+    return jobs
+
+
+def _chain(tag: str, rules: int = 1500) -> StructuredOutput:
+    """An EBNF whose rules call one another in a chain: tens of ms to compile for the tiny vocabulary."""
+    return StructuredOutput("grammar", "\n".join([f'root ::= "{tag}" r0'] + [f'r{i} ::= "a{i}" | "b" r{i + 1}'
+                                                                            for i in range(rules - 1)]
+                                                 + [f'r{rules - 1} ::= "end"']))
+
+
 async def test_a_compiling_grammar_holds_only_its_own_request(text_engine, tokenizer):
-    """The compile thread is held busy (a gate queued ahead of the grammar): a free request completes meanwhile, the
+    """The compile workers are held busy (gates queued ahead of the grammar): a free request completes meanwhile, the
     constrained one waits, then completes once its grammar is compiled."""
     cache = text_engine._grammar_cache()
     gate = threading.Event()
-    busy = cache._pool.submit(gate.wait)
+    held = _hold_workers(cache, gate)
     so = StructuredOutput("regex", r"wait-[0-9]{3}")
     waiting = asyncio.create_task(_text(text_engine, tokenizer, so, 2))
     try:
         ids, _outs = await collect(text_engine, text_request(random_ids(6, 9), "free", max_tokens=12))
-        assert len(ids) == 12 and not waiting.done() and not busy.done()
+        assert len(ids) == 12 and not waiting.done() and not any(j.done.done() for j in held)
     finally:
         gate.set()
     text, reason = await waiting
     assert reason is FinishReason.STOP and re.fullmatch(r"wait-[0-9]{3}", text)
 
 
-async def test_a_compile_past_the_timeout_is_refused_and_cancelling_a_wait_is_clean(text_engine):
+async def test_the_compile_budget_counts_from_its_own_start(text_engine, tokenizer):
+    """A request queued behind other compiles for longer than its budget is not refused for their time: once a worker
+    takes it, its own compile fits its budget and it is served (before: refused as "took longer" after the budget,
+    spent waiting). A wait cancelled while queued takes its job with it."""
     cache = text_engine._grammar_cache()
     gate = threading.Event()
-    busy = cache._pool.submit(gate.wait)
-    before, cache.timeout_s = cache.timeout_s, 0.05  # the compile cannot finish while the gate holds its thread
+    before, cache.timeout_s = cache.timeout_s, 2.0
     try:
-        with pytest.raises(InvalidArgument, match="structured-compile-timeout"):
-            await collect(text_engine, text_request([5, 6], structured=StructuredOutput("regex", "late[0-9]"),
-                                                    max_tokens=4))
-        cache.timeout_s = before
+        _hold_workers(cache, gate)
+        so = StructuredOutput("regex", r"queued-[0-9]{2}")
+        waiting = asyncio.create_task(_text(text_engine, tokenizer, so, 3))
+        while not (job := cache._jobs.get(spec_key(so))) or not job.waiters:
+            await asyncio.sleep(0.01)
         cancelled = asyncio.create_task(collect(text_engine, text_request(
             [5, 6], "c", structured=StructuredOutput("regex", "cancel[0-9]"), max_tokens=4)))
-        await asyncio.sleep(0)  # (lets the task reach its wait; the assertions below do not depend on timing)
+        while spec_key(StructuredOutput("regex", "cancel[0-9]")) not in cache._jobs:
+            await asyncio.sleep(0.01)
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
+        assert spec_key(StructuredOutput("regex", "cancel[0-9]")) not in cache._jobs  # (dropped from the queue)
+        await asyncio.sleep(cache.timeout_s * 1.5)  # queued longer than its whole budget
+        assert not waiting.done()
+        gate.set()
+        text, reason = await waiting
+        assert reason is FinishReason.STOP and re.fullmatch(r"queued-[0-9]{2}", text)
         assert text_engine.num_running == 0 and text_engine.num_waiting == 0
     finally:
         cache.timeout_s = before
         gate.set()
-    busy.result()
+
+
+async def test_a_compile_past_its_own_budget_is_refused_naming_the_flag(text_engine):
+    cache = text_engine._grammar_cache()
+    before, cache.timeout_s = cache.timeout_s, 0.001  # less than any compile of a 1500-rule chain
+    try:
+        with pytest.raises(InvalidArgument, match=r"took longer than 0\.001 s to compile "
+                                                  r"\(--structured-compile-timeout"):
+            await collect(text_engine, text_request([5, 6], structured=_chain("late"), max_tokens=4))
+    finally:
+        cache.timeout_s = before
     ids, outs = await collect(text_engine, text_request([5, 6], structured=StructuredOutput("regex", "late[0-9]"),
                                                         max_tokens=8, ignore_eos=False))
     assert outs[-1].finish_reason is FinishReason.STOP and len(ids) >= 2
+
+
+async def test_a_small_schema_is_not_held_behind_large_grammars(text_engine, tokenizer):
+    """Issue 40 row 5: four large grammars at once, then another user's small schema: it is compiled before the large
+    ones still queued (the queue is cheapest-first by spec length, aged), so its answer comes before theirs. Before:
+    one compile thread in arrival order, and the small one waited for all four."""
+    done: list[str] = []
+
+    async def ask(so: StructuredOutput, name: str, seed: int) -> None:
+        await _text(text_engine, tokenizer, so, seed, max_tokens=4)
+        done.append(name)
+
+    large = [asyncio.create_task(ask(_chain(f"big{i}", 2000), f"big{i}", i)) for i in range(4)]
+    cache = text_engine._grammar_cache()
+    while len(cache._jobs) < 4 and not any(t.done() for t in large):
+        await asyncio.sleep(0.005)
+    small = StructuredOutput("json", json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}}))
+    await asyncio.gather(ask(small, "small", 9), *large)
+    assert done.index("small") < 3, done  # at most the two compiling when it came finished first
+
+
+async def test_compiled_grammars_are_kept_within_their_byte_budget(tiny_dirs):
+    """Issue 40 row 4: the cache keeps compiled grammars within --structured-cache-mb, least recently used evicted
+    first, and a grammar whose compiled size alone passes it is refused, naming its size and the flag."""
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["tiny-text"])
+    cache = GrammarCache(lambda: tok, len(tok), max_bytes=512 << 10)
+    try:
+        specs = [_chain(f"c{i}", 100) for i in range(10)]  # ~130 KiB each compiled
+        sizes = []
+        for so in specs:
+            sizes.append((await cache.get(so)).memory_size_bytes)
+            assert cache.bytes <= cache.max_bytes
+        assert cache.bytes == sum(g.memory_size_bytes for g in cache._kept.values())
+        kept = [so for so in specs if spec_key(so) in cache._kept]
+        assert 0 < len(kept) < len(specs) and kept == specs[len(specs) - len(kept):]  # the most recent ones
+        big = _chain("huge", 1500)  # ~2 MiB compiled
+        with pytest.raises(InvalidArgument, match=r"structured output grammar compiles to [\d.]+ MiB .* "
+                                                  r"\(--structured-cache-mb\)"):
+            await cache.get(big)
+        assert spec_key(big) not in cache._kept and cache.bytes <= cache.max_bytes
+    finally:
+        cache.close()
 
 
 async def test_supplied_prompt_embeddings_with_a_grammar(text_engine, tokenizer):
@@ -165,19 +244,19 @@ async def test_each_of_n_choices_follows_the_grammar_with_its_own_matcher(text_e
     assert len(set(answers)) > 1  # (each choice samples with its own seed)
 
 
-def test_json_allows_any_whitespace_unless_disabled(tokenizer):
+async def test_json_allows_any_whitespace_unless_disabled(tokenizer):
     """xgrammar's default and vLLM's: any whitespace JSON allows between tokens; disable_any_whitespace (vLLM's switch:
     a server flag, a request's structured_outputs field) allows none, "," and ":" the separators."""
     import xgrammar as xgr
 
-    from splice.grammar import GrammarCache
+    from splice.grammar_cache import GrammarCache
 
     cache = GrammarCache(lambda: tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
     spaced = ('{ "city" : "Paris" }', '{\n"city": "Paris"\n}', '{"city": "Paris"}')
     for kind, spec in (("json", schema), ("json_object", "")):
         for disabled in (False, True):
-            compiled = cache.submit(StructuredOutput(kind, spec, disabled)).result()
+            compiled = await cache.get(StructuredOutput(kind, spec, disabled))
             assert xgr.GrammarMatcher(compiled).accept_string('{"city":"Paris"}')
             assert [xgr.GrammarMatcher(compiled).accept_string(s) for s in spaced] == [not disabled] * 3
     cache.close()

@@ -1,6 +1,8 @@
 """Property-based fuzzing (hypothesis) of every public RPC of a running preprocessor: raw bytes, mutated valid
-messages and structured requests with hostile values. Every answer must be a defined status (never UNKNOWN
-or INTERNAL, which would be a crash path), and the service must serve a good request after each batch.
+messages and structured requests with hostile values, deep JSON in every JSON-typed field among them (tools,
+tool_choice, a message's tool_calls and their arguments' text, chat_template_kwargs, mm_processor_kwargs, documents,
+a structured output's spec), as deep as protobuf parses and deeper. Every answer must be a defined status (never
+UNKNOWN or INTERNAL, which would be a crash path), and the service must serve a good request after each batch.
 tests/integration/test_fuzz.py runs a short batch; bench/fuzz.py a long one."""
 
 from __future__ import annotations
@@ -58,7 +60,84 @@ complete = st.builds(lambda parts, s: pb.CompleteRequest(prompt=parts, sampling=
 tokenize = st.one_of(st.builds(lambda t, a: pb.TokenizeRequest(text=t, add_special_tokens=a), texts, st.booleans()),
                      st.builds(lambda c: pb.TokenizeRequest(chat=c), chat))
 detokenize = st.builds(lambda ids: pb.DetokenizeRequest(token_ids=ids), st.lists(small_ints, max_size=16))
-STRUCTURED = {"Chat": chat, "Complete": complete, "Tokenize": tokenize, "Detokenize": detokenize,
+DEPTHS = [3, 33, 60]  # within splice/json_depth.py's cap, just past it, past what protobuf parses (~34 in a request)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field: written by hand, since protobuf itself refuses to build a Struct nested past its
+    parse limit (it copies by parsing)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _struct(fields: dict[str, bytes]) -> bytes:
+    """A Struct's encoding from its values' encodings."""
+    return b"".join(_field(1, _field(1, key.encode()) + _field(2, value)) for key, value in fields.items())
+
+
+def _text(value: str) -> bytes:
+    return _field(3, value.encode())  # Value.string_value
+
+
+def deep_value(depth: int, kind: str = "object") -> bytes:
+    """A Value's encoding nesting `depth` objects (or lists) around a string, level by level (no recursion)."""
+    value = _text("x")
+    for _ in range(depth):
+        value = _field(5, _struct({"a": value})) if kind == "object" else _field(6, _field(1, value))
+    return value
+
+
+def deep_text(depth: int) -> str:
+    return "[" * depth + "]" * depth if depth < 1000 else "[" * depth
+
+
+def _number(message: type, name: str) -> int:
+    return message.DESCRIPTOR.fields_by_name[name].number
+
+
+def _deep_chat(where: str, depth: int, kind: str) -> bytes:
+    """A short chat's bytes whose `where` holds JSON nested `depth` deep (`kind`: arrays or objects)."""
+    req = pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="Hi")], sampling=common_pb2.SamplingParams(
+        max_tokens=2, temperature=0.0))
+    extra = b""
+    function = {"name": _text("f")}
+    if where in ("tools", "tool_choice"):
+        if where == "tools":
+            function["parameters"] = deep_value(depth, kind)
+            req.tool_choice.string_value = "required"
+        else:
+            extra += _field(_number(pb.ChatRequest, "tool_choice"), deep_value(depth, kind))
+        tool = _struct({"type": _text("function"), "function": _field(5, _struct(function))})
+        extra += _field(_number(pb.ChatRequest, "tools"), tool)
+    elif where in ("tool_calls", "arguments"):  # arguments as an object, or as text (OpenAI's)
+        function["arguments"] = deep_value(depth, kind) if where == "tool_calls" else _text(deep_text(depth * 50))
+        call = _struct({"id": _text("c"), "type": _text("function"), "function": _field(5, _struct(function))})
+        message = _field(_number(pb.ChatMessage, "role"), b"assistant") + \
+            _field(_number(pb.ChatMessage, "tool_calls"), call)
+        extra += _field(_number(pb.ChatRequest, "messages"), message)
+    elif where in ("chat_template_kwargs", "mm_processor_kwargs", "documents"):
+        extra += _field(_number(pb.ChatRequest, where), _struct({"a": deep_value(depth, kind)}))
+    else:  # a structured output's spec, as JSON text
+        spec = '{"items":' * (depth * 30) + "{}" + "}" * (depth * 30) if kind == "object" else deep_text(depth * 30)
+        req.sampling.structured.CopyFrom(common_pb2.StructuredOutput(
+            kind=common_pb2.StructuredOutput.KIND_JSON if where == "json" else common_pb2.StructuredOutput.KIND_CHOICE,
+            spec=spec))
+    return req.SerializeToString() + extra  # (a field appended to a message's bytes is one more of it)
+
+
+DEEP_FIELDS = ["tools", "tool_choice", "tool_calls", "arguments", "chat_template_kwargs", "mm_processor_kwargs",
+               "documents", "json", "choice"]
+deep_chat = st.builds(lambda where, depth, kind: pb.ChatRequest.FromString(_deep_chat(where, depth, kind)),
+                      st.sampled_from(DEEP_FIELDS), st.sampled_from([3, 14]), st.sampled_from(["object", "list"]))
+STRUCTURED = {"Chat": st.one_of(chat, deep_chat), "Complete": complete, "Tokenize": tokenize, "Detokenize": detokenize,
               "GetModelInfo": st.just(common_pb2.GetModelInfoRequest())}
 
 
@@ -103,10 +182,13 @@ class Fuzzer:
         return self.call("Chat", req.SerializeToString()) == grpc.StatusCode.OK
 
     def run(self, examples: int, seed: int) -> bool:
-        """One batch per RPC of structured, mutated and raw examples; True when all answers were defined and the
-        service served after every batch."""
+        """Every JSON-typed field nested deep once, then one batch per RPC of structured, mutated and raw examples;
+        True when all answers were defined and the service served after every batch."""
         rng = random.Random(seed)
-        healthy = True
+        for where in DEEP_FIELDS:
+            for depth in DEPTHS:
+                self.call("Chat", _deep_chat(where, depth, rng.choice(["object", "list"])))
+        healthy = self.serves()
         for method, strategy in STRUCTURED.items():
             self._batch(method, strategy, examples, rng)
             healthy &= self.serves()

@@ -1,6 +1,9 @@
 """Property-based fuzzing (hypothesis) of the preprocessor's HTTP face: JSON bodies for chat, completions, Tokenize
 and Detokenize with hostile values (integers past any range, lone surrogates, wrong types, deep nesting, huge
-strings, NaN), byte mutations of them and raw bytes, after SEEDS: requests that once broke the face. No answer may be a
+strings, NaN), byte mutations of them and raw bytes, after SEEDS: requests that once broke the face, among them deep
+JSON (arrays, objects, and JSON text nested in a string) in every JSON-typed field: tools, tool_choice, a message's
+tool_calls and their arguments, response_format / structured_outputs / guided_json schemas and specs,
+chat_template_kwargs, mm_processor_kwargs, documents, logit_bias. No answer may be a
 5xx (or no answer): every hostile input is the caller's fault, a 4xx naming it. The face must serve a normal
 request after each batch. bench/fuzz.py runs it (--face http); tests/integration/test_fuzz.py runs a short one.
 """
@@ -23,7 +26,9 @@ from tests.harness.fuzz_grpc import mutate
 HI = [{"role": "user", "content": "Hi"}]
 HUGE_INTS = [2**31 + 5, 2**32 + 1, 2**40, 2**63, 2**64, -(2**63) - 1, 10**30, -1, 0]
 SURROGATES = ["\ud800", "a\udfffb", "\udbff\ud800", "\ude00x"]
-DEEP = "__deep__"  # a string replaced by deeply nested JSON once the body is serialized
+DEEP = "__deep__"  # a string replaced by deeply nested JSON arrays once the body is serialized
+DEEP_OBJECT = "__deep_object__"  # ... by objects nested as deep
+DEEP_TEXT = "__deep_text__"  # ... by a string holding nested JSON arrays' text (a spec, a call's arguments)
 
 ints = st.one_of(st.integers(-8, 8), st.sampled_from(HUGE_INTS))
 # Generation stays short: an unset or valid large max_tokens would decode up to the whole context.
@@ -32,7 +37,7 @@ floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_fr
 texts = st.one_of(st.text(max_size=24), st.sampled_from([*SURROGATES, "", "\x00", "<image>", "x" * 5000]),
                   st.builds(lambda s, k, sur: s[:k] + sur + s[k:], st.text(max_size=8), st.integers(0, 8),
                             st.sampled_from(SURROGATES)))
-scalars = st.one_of(st.none(), st.booleans(), ints, floats, texts, st.just(DEEP))
+scalars = st.one_of(st.none(), st.booleans(), ints, floats, texts, st.sampled_from([DEEP, DEEP_OBJECT, DEEP_TEXT]))
 anything = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=3),
                                                         st.dictionaries(texts, kids, max_size=3)), max_leaves=8)
 urls = st.one_of(texts, st.sampled_from(["data:image/png;base64,AAAA", "data:,", "http://127.0.0.1:1/x.png",
@@ -58,7 +63,19 @@ SAMPLING = {  # every generation field, each with hostile values of its own kind
 LENGTHS = ("max_tokens", "max_completion_tokens", "stream")  # (any other value of these may be a long generation)
 generation = st.fixed_dictionaries({}, optional={k: v if k in LENGTHS else st.one_of(v, anything)
                                                  for k, v in SAMPLING.items()})
+deep = st.sampled_from([DEEP, DEEP_OBJECT, DEEP_TEXT])
+tools = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["f", "g"])}, optional={"parameters": st.one_of(deep, anything)})}), max_size=2)
+tool_calls = st.lists(st.fixed_dictionaries({"id": st.just("c"), "type": st.just("function"), "function":
+                                             st.fixed_dictionaries({"name": st.just("f"),
+                                                                    "arguments": st.one_of(deep, texts, anything)})}),
+                      max_size=2)
+messages = st.one_of(messages, st.lists(st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
+                                                               "tool_calls": tool_calls}), min_size=1, max_size=2))
 chat_only = st.fixed_dictionaries({"messages": st.one_of(messages, anything)}, optional={
+    "tools": st.one_of(tools, anything), "tool_choice": st.one_of(st.sampled_from(["none", "required", "auto"]), deep,
+                                                                  anything),
+    "mm_processor_kwargs": st.one_of(deep, anything), "documents": st.one_of(st.lists(deep, max_size=2), anything),
     "logprobs": st.one_of(st.booleans(), anything), "top_logprobs": st.one_of(ints, anything),
     "chat_template": st.one_of(texts, anything), "chat_template_kwargs": st.one_of(anything, st.dictionaries(
         texts, anything, max_size=3)), "add_generation_prompt": st.one_of(st.booleans(), anything)})
@@ -96,6 +113,25 @@ SEEDS: list[tuple[str, object]] = [
         {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}] * 200}], "max_tokens": 2}),
     ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "chat_template_kwargs": {"x": DEEP}}),
     ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "logit_bias": DEEP}),
+    *[("/v1/chat/completions", {"messages": HI, "max_tokens": 2, **fields}) for fields in [
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP_OBJECT}}], "tool_choice": c}
+        for c in ("none", "required", "auto")]],
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "tools": [{"type": "function", "function": {
+        "name": "f"}}], "tool_choice": DEEP_OBJECT}),
+    *[("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}, *HI], "max_tokens": 2})
+      for arguments in (DEEP_TEXT, DEEP_OBJECT)],
+    *[("/v1/chat/completions", {"messages": HI, "max_tokens": 2, **fields}) for fields in [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP_OBJECT}}},
+        {"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": DEEP_OBJECT,
+                                                                       "end": "</f>"}], "triggers": ["<f>"]}},
+        {"structured_outputs": {"json": DEEP_OBJECT}}, {"structured_outputs": {"json": DEEP_TEXT}},
+        {"structured_outputs": {"choice": DEEP}}, {"guided_json": DEEP_TEXT}, {"guided_json": DEEP_OBJECT},
+        {"guided_choice": DEEP}, {"chat_template_kwargs": {"x": DEEP_OBJECT}}, {"mm_processor_kwargs": DEEP_OBJECT},
+        {"documents": [DEEP_OBJECT]}]],
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "guided_json": DEEP_TEXT}),
+    ("/tokenize", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f",
+                                                                               "parameters": DEEP_OBJECT}}]}),
     ("/v1/completions", {"prompt": _long(10_000_000), "max_tokens": 2}),
     ("/v1/completions", {"prompt": [2**31 + 5], "max_tokens": 2}),
     ("/tokenize", {"prompt": _long(10_000_000)}),
@@ -107,10 +143,13 @@ SEEDS: list[tuple[str, object]] = [
 
 def serialize(body: object, depth: int = 0) -> bytes:
     """JSON as a hostile client writes it: lone surrogates as \\ud800 escapes, NaN and Infinity as bare words, and
-    DEEP as arrays nested `depth` levels (default: deeper than the JSON parser's recursion allows)."""
+    DEEP as arrays nested `depth` levels (default: deeper than the JSON parser's recursion allows), DEEP_OBJECT as
+    objects, DEEP_TEXT as a string of that many nested arrays' text."""
     text = json.dumps(body, ensure_ascii=True, allow_nan=True)
     n = depth or 100_000
-    return text.replace(json.dumps(DEEP), "[" * n + "]" * n).encode()
+    return (text.replace(json.dumps(DEEP), "[" * n + "]" * n)
+            .replace(json.dumps(DEEP_OBJECT), '{"a":' * n + "{}" + "}" * n)
+            .replace(json.dumps(DEEP_TEXT), '"' + "[" * n + "]" * n + '"')).encode()
 
 
 class HttpFuzzer:

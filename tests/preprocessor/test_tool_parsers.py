@@ -118,3 +118,26 @@ def test_content_before_a_call_streams_before_the_answer_ends():
 def test_parallel_false_keeps_the_first_call():
     request = ToolRequest(({"type": "function", "function": {"name": "get_current_weather"}},), "auto", parallel=False)
     assert len(ToolAnswer(request, get_parser("hermes")).whole(HERMES_TWO, "stop").calls) == 1
+
+
+@pytest.mark.parametrize("name, text", [
+    ("hermes", "<tool_call>" + "[" * 1500),
+    ("hermes", '<tool_call>{"name": "f", "arguments": ' + "[" * 1500 + "]" * 1500 + "}</tool_call>"),
+    ("llama3_json", '{"name": "f", "arguments": ' + "[" * 1500 + "]" * 1500 + "}"),
+])
+def test_a_call_nested_past_the_json_cap_is_content(name, text):
+    """Issue 40 row 3: a model's output that a parser would read as deep JSON (the recursion past Python's limit, a
+    500 before) is no call: the whole answer is content, whole and streamed."""
+    parser = get_parser(name)
+    assert parser.extract(text).calls == () and parser.extract(text).content == text
+    answer = ToolAnswer(ToolRequest(({"type": "function", "function": {"name": "f"}},), "auto"), parser)
+    streamed = [answer.delta(text[i:i + 100], i + 100 >= len(text), None) for i in range(0, len(text), 100)]
+    assert "".join(d.get("content", "") for d, _ in streamed) == text
+    assert not any("tool_calls" in d for d, _ in streamed)
+
+
+def test_a_required_answer_nested_past_the_json_cap_is_content():
+    answer = ToolAnswer(ToolRequest(({"type": "function", "function": {"name": "f"}},), "required"))
+    text = "[" * 1500 + "]" * 1500
+    whole = answer.whole(text, "stop")
+    assert whole.calls == () and whole.content == text

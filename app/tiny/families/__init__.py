@@ -1,2 +1,3 @@
-"""One tiny builder per model family, named as engine/models/ names them: each writes a real HF architecture with
-random weights and the tokenizer and processor its family serves; app/tiny/builder.py lists them (TINY_MODELS)."""
+"""One tiny builder per model family, in the file named as splice/families.py names the family: each writes a real HF
+architecture with random weights and the tokenizer and processor its family serves; app/tiny/builder.py lists them
+(TINY_MODELS)."""

@@ -1,6 +1,7 @@
 """vLLM's `hermes` parser: calls are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen2.5 and
 others); the content is the text before the first call. A call cut short (no closing tag) still counts when its
-JSON is whole; any call that is not JSON makes the whole answer content, as vLLM's."""
+JSON is whole; any call that is not JSON (or nests deeper than splice/json_depth.py allows) makes the whole answer
+content, as vLLM's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 
 from preprocessor.tools.calls import Extracted, ToolCall
 from preprocessor.tools.parsers import tag_overlap
+from splice import json_depth
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -24,7 +26,7 @@ class HermesParser:
         try:
             calls = []
             for closed, open_ in CALL.findall(text):
-                obj = json.loads(closed or open_)
+                obj = json_depth.loads(closed or open_)  # (too deep: not a call, as not JSON)
                 calls.append(ToolCall(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
         except (ValueError, KeyError, TypeError, AttributeError):
             return Extracted(text)

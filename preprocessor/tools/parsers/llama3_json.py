@@ -1,6 +1,7 @@
 """vLLM's `llama3_json` parser (Llama 3.x's JSON tool calls): the answer holds JSON objects `{"name": ...,
 "arguments": {...}}` (or "parameters"), optionally after `<|python_tag|>`, several separated by "; ". Any object
-found counts; one without a name makes the whole answer content. With calls there is no content, as vLLM's.
+found counts; one without a name, or JSON nested deeper than splice/json_depth.py allows, makes the whole answer
+content. With calls there is no content, as vLLM's.
 Streaming (as vLLM's): only an answer that starts with `<|python_tag|>` or `{` is held as a call."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 
 from preprocessor.tools.calls import Extracted, ToolCall
 from preprocessor.tools.parsers import leading_hold, leading_started
+from splice.json_depth import MAX_JSON_DEPTH, text_depth
 
 PYTHON_TAG = "<|python_tag|>"
 MARKERS = (PYTHON_TAG, "{")
@@ -19,6 +21,8 @@ class Llama3JsonParser:
 
     def extract(self, text: str) -> Extracted:
         if PYTHON_TAG not in text and "{" not in text:
+            return Extracted(text)
+        if text_depth(text) > MAX_JSON_DEPTH:  # (the decoder recurses per level): no call, as for text not JSON
             return Extracted(text)
         decoder = json.JSONDecoder()
         calls = []

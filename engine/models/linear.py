@@ -1,0 +1,56 @@
+"""The linear layers of Splice's own text forward (engine/models/lean_llama.py) and of the logits: each weight packed
+once, at load, for the device's fastest matrix multiply.
+
+Why: on the CPU, F.linear hands the weight to a GEMM that reads it in its plain layout at every call. At decode sizes
+(a few rows against a weight of megabytes) and for the vocabulary projection (SmolLM2: 49152 x 576, 113 MB in float32,
+read at every step) that costs up to twice what the same GEMM costs on a weight laid out once in the GEMM's own
+blocked format. vLLM's CPU path packs every linear once for oneDNN (`create_onednn_mm`); torch ships the same
+primitive as `mkldnn._linear_pointwise` over a weight packed by `mkldnn._reorder_linear_weight` (what inductor's CPU
+freezing pass emits), in float32 and, on CPUs with AVX-512 BF16 or AMX, bfloat16. On cuda, F.linear (cuBLAS) needs no
+packing: the weight is used as it is. Elsewhere (no oneDNN, another dtype) F.linear too.
+
+Numerics: oneDNN's kernels sum in another order than MKL's (float32: within ~1e-5 relative), so logits are not bit-
+identical to transformers' modules on the CPU; greedy tokens equal HF's generate (tests/engine/test_families.py).
+`SPLICE_PACKED_LINEAR=0` turns packing off (F.linear everywhere, bit-identical to transformers' modules), for
+comparisons (tests/engine/test_lean_llama.py, bench/lean_forward.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+# The batch size oneDNN's packed layout is chosen for; vLLM's CPU path uses 32 (its layout serves every row count).
+PACK_ROWS = 32
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packing_enabled() -> bool:
+    return os.environ.get("SPLICE_PACKED_LINEAR", "1") != "0"
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """A 2-D CPU weight oneDNN multiplies packed: float32 anywhere it runs, bfloat16 where the CPU has BF16 units."""
+    if not packing_enabled() or weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in PACKED_DTYPES:
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class Linear:
+    """y = x W^T + b with W [out, in] packed once where the device has a packed GEMM (see the module's docstring)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.detach()  # kept: the fallback, and what callers read the shape and dtype of
+        self.bias = bias.detach() if bias is not None else None
+        self.packed = (torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS)
+                       if can_pack(self.weight) else None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]."""
+        if self.packed is None or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
