@@ -136,7 +136,8 @@ def corpus() -> list[Case]:
         chat("chat stop kept stream", COUNT, stop=[", 4"], include_stop_str_in_output=True, max_tokens=30,
              stream=True),
         chat("chat min_tokens past a stop token", COUNT, stop_token_ids=[28], min_tokens=4, max_tokens=12),
-        chat("chat ends at the context", [{"role": "user", "content": "word " * 2020}], max_tokens=40),
+        # max_tokens within the context, past what the prompt leaves of it (2031 of 2048): the answer ends there
+        chat("chat ends at the context", [{"role": "user", "content": "word " * 2000}], max_tokens=40),
         # -- completions ----------------------------------------------------------------------------------------
         complete("completion", "The capital of France is"),
         complete("completion stream", "The capital of France is", stream=True),
