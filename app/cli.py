@@ -49,6 +49,13 @@ def _service_resolver(service: str) -> Callable[[str], str]:
     return lambda name: resolve_model(name, progress=lambda m: log.info("%s", m), weights=weights)
 
 
+def _check_model(name: str) -> None:
+    """A --model that cannot be one, refused before a service imports its libraries (seconds) or fetches anything."""
+    from app.models import check_model
+
+    check_model(name)
+
+
 def _build_tiny(args: argparse.Namespace) -> int:
     from app.tiny import ensure
 
@@ -58,9 +65,7 @@ def _build_tiny(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from app.launch import StartFailed, start_stack
     from app.models import model_note, resolve_model
-    from app.supervise import Supervisor
 
     try:
         engine_args, preprocessor_args = _security_args(args)
@@ -79,10 +84,11 @@ def _up(args: argparse.Namespace) -> int:
         return 2
     if note := model_note(args.model):
         _say(note)
+    from app.launch import StartFailed, start_stack
+    from app.supervise import Supervisor
+
     echo = None if args.quiet else _say
-    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
-    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
-    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
+    extra = preprocessor_flags(args)
     lora_engine, lora_pre = lora_flags.up_args(args)
     try:
         engine, pre = start_stack(args.model, host=args.host, engine_host=args.engine_host,
@@ -113,6 +119,15 @@ def _up(args: argparse.Namespace) -> int:
         engine, pre = supervisor.services
         pre.stop()
         engine.stop()
+
+
+def preprocessor_flags(args: argparse.Namespace) -> list[str]:
+    """`splice up`'s own flags that are the preprocessor's, as its arguments."""
+    extra = ["--enable-mm-embeds"] if args.enable_mm_embeds else []
+    extra += ["--tool-call-parser", args.tool_call_parser] if args.tool_call_parser else []
+    extra += ["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []
+    extra += ["--served-model-name", *args.served_model_name] if args.served_model_name else []
+    return extra
 
 
 def _security_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -200,24 +215,6 @@ def _tool_choice(text: str) -> str | dict:
     return {"type": "function", "function": {"name": text}}
 
 
-def _json(kind: type) -> Callable[[str], object]:
-    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
-    name = {dict: "object", list: "array"}[kind]
-
-    def parse(text: str) -> object:
-        import json
-
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
-        return value
-
-    return parse
-
-
 def chat_sampling(args: argparse.Namespace) -> dict:
     """`splice chat`'s flags -> the client's sampling keywords."""
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
@@ -293,8 +290,6 @@ def _print_prompt_logprobs(chunks: list) -> None:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from clients import SpliceClient, SpliceClientError
-
     content: list = []
     for path in args.embeds or []:  # local files first, before any connection: one line each, exit 2
         part = _embeds_part(path)
@@ -313,8 +308,12 @@ def _chat(args: argparse.Namespace) -> int:
         [{"role": "user", "content": content}]
     if args.assistant is not None:
         messages.append({"role": "assistant", "content": args.assistant})
+    if not _listening(args.target):  # now: the client's imports (torch) would make this line wait seconds
+        _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")
+        return 2
     sampling = chat_sampling(args)
     fields = chat_fields(args)
+    from clients import SpliceClient, SpliceClientError
     from splice.security import ClientTLS
 
     try:
@@ -411,11 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("engine", help="serve splice.v1.Engine (model on GPU/CPU)")
     engine_cli.add_arguments(p)
-    p.set_defaults(model=DEFAULT_MODEL, func=lambda a: engine_cli.run(a, _service_resolver("engine")))
+    p.set_defaults(model=DEFAULT_MODEL, func=lambda a: engine_cli.run(a, _service_resolver("engine"), _check_model))
 
     p = sub.add_parser("preprocessor", help="serve splice.v1.Preprocessor (public API, CPU)")
     preprocessor_cli.add_arguments(p)
-    p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor")))
+    p.set_defaults(func=lambda a: preprocessor_cli.run(a, _service_resolver("preprocessor"), _check_model))
 
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")
@@ -453,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how calls are read from an answer to a request with tools (vLLM's parsers)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='serve tool_choice "auto" (the default with tools); needs --tool-call-parser')
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the names the HTTP API serves the model as (vLLM's; default: --model as given)")
     p.add_argument("--engine-args", default="", metavar="'FLAGS'",
                    help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
     p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
@@ -507,11 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-salt", default=None, metavar="SALT",
                    help="vLLM's cache_salt: cached prompt prefixes are reused only between requests with the same "
                         "salt (1..256 characters)")
-    p.add_argument("--structured-outputs", type=_json(dict), metavar="JSON",
+    p.add_argument("--structured-outputs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
                         """regex, choice, grammar (EBNF), json_object, structural_tag, """
                         """e.g. '{"choice": ["yes", "no"]}'""")
-    p.add_argument("--response-format", type=_json(dict), metavar="JSON",
+    p.add_argument("--response-format", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""OpenAI's response_format, e.g. '{"type": "json_schema", "json_schema": {"name": "a", """
                         """"schema": {...}}}' or '{"type": "json_object"}'""")
     p.add_argument("--assistant", default=None, metavar="TEXT",
@@ -522,15 +523,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt)")
     p.add_argument("--add-special-tokens", action="store_true",
                    help="add the tokenizer's special tokens (BOS) on top of the chat template's")
-    p.add_argument("--documents", type=_json(list), metavar="JSON",
+    p.add_argument("--documents", type=preprocessor_cli.json_flag(list), metavar="JSON",
                    help='documents for a RAG template, e.g. \'[{"title": "...", "text": "..."}]\'')
     p.add_argument("--reasoning-effort", choices=REASONING_EFFORTS,
                    help="passed to the chat template (with enable_thinking: not 'none')")
-    p.add_argument("--chat-template-kwargs", type=_json(dict), metavar="JSON",
+    p.add_argument("--chat-template-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
-    p.add_argument("--mm-processor-kwargs", type=_json(dict), metavar="JSON",
+    p.add_argument("--mm-processor-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
                    help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
-    p.add_argument("--tools", type=_json(list), metavar="JSON",
+    p.add_argument("--tools", type=preprocessor_cli.json_flag(list), metavar="JSON",
                    help="""OpenAI's tools, e.g. '[{"type": "function", "function": {"name": "get_weather", """
                         """"parameters": {...}}}]'; calls found are printed after the answer""")
     p.add_argument("--tool-choice", type=_tool_choice, metavar="none|auto|required|NAME",

@@ -7,6 +7,7 @@ an HTTP face prints `http serving on HOST:PORT` just before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,6 +43,7 @@ class Service:
     http_address: str = ""  # HOST:PORT of the OpenAI-compatible HTTP face, if it serves one
     output: list[str] = field(default_factory=list)  # every line the process printed
     args: list[str] = field(default_factory=list)  # its command-line arguments (after the service name)
+    ready: threading.Event = field(default_factory=threading.Event)  # its ready line came, or its output ended
 
     def restart_args(self) -> list[str]:
         """Its arguments with --port pinned to the port it got (a port-0 service restarts where it was)."""
@@ -76,14 +78,44 @@ class Service:
 QUIET_LIBRARIES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """A service started meanwhile never takes SIGINT (a blocked signal stays blocked across exec): a terminal's
+    Ctrl-C reaches every process of its group, and one that came while a service imports or loads would leave a
+    traceback there. Its launcher owns Ctrl-C and stops it (SIGTERM: a drain). A Ctrl-C that comes here meanwhile
+    is delivered to the launcher once this ends, not lost."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300.0,
           echo: Callable[[str], None] | None = None) -> Service:
     """Runs `python -m app.cli NAME ARGS...` and returns once it printed its ready line."""
     cmd = [sys.executable, "-u", "-m", "app.cli", name, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, **(env or {})})
+    proc: subprocess.Popen | None = None
+    try:
+        with _sigint_blocked():
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    env={**os.environ, **(env or {})})
+        service = _watched(name, proc, args, echo)
+        started = service.ready.wait(timeout)
+    except BaseException:  # Ctrl-C while it starts: it ends with its launcher
+        if proc is not None:
+            Service(name, proc).stop()
+        raise
+    if not started or not service.address:
+        service.kill()
+        raise StartFailed(name, proc.poll(), service.output)
+    return service
+
+
+def _watched(name: str, proc: subprocess.Popen, args: Sequence[str], echo: Callable[[str], None] | None) -> Service:
+    """The Service of `proc`, its output read in a thread: its addresses from its ready lines, the rest relayed to
+    `echo`; `ready` set at its ready line, or when its output ends."""
     service = Service(name, proc, args=list(args))
-    ready = threading.Event()
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -93,17 +125,14 @@ def start(name: str, args: Sequence[str], *, env: dict[str, str] | None = None, 
             match = READY.match(line)
             if http := HTTP_READY.match(line):
                 service.http_address = http.group(1)
-            elif match and match.group(1) == name and not ready.is_set():
+            elif match and match.group(1) == name and not service.ready.is_set():
                 service.address = match.group(2)
-                ready.set()
+                service.ready.set()
             elif echo:
                 echo(f"[{name}] {line}")
-        ready.set()  # the process ended; start() reports it
+        service.ready.set()  # the process ended; start() reports it
 
     threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
-    if not ready.wait(timeout) or not service.address:
-        service.kill()
-        raise StartFailed(name, proc.poll(), service.output)
     return service
 
 

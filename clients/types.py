@@ -39,6 +39,9 @@ class Chunk:
     index: int = 0  # which of the request's n choices it belongs to (each ends with its own final chunk)
     # a chat with tools: call pieces as OpenAI streams them; `ToolCallPiece`s of one index join into one call
     tool_calls: tuple[ToolCallPiece, ...] = ()
+    # the token that ended the choice when vLLM's stop_reason names it: a stop_token_ids token (its text is not in
+    # `text` unless include_stop_str_in_output); None for an EOS, a length, a stop string (`stop_reason`)
+    stop_token_id: int | None = None
 
     @classmethod
     def from_pb(cls, pb: preprocessor_pb2.GenerationChunk) -> Chunk:
@@ -53,6 +56,7 @@ class Chunk:
             prompt_logprobs=PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None,
             index=pb.index,
             tool_calls=tuple(ToolCallPiece(c.index, c.id, c.name, c.arguments) for c in pb.tool_calls),
+            stop_token_id=pb.stop_token_id if pb.HasField("stop_token_id") else None,
         )
 
 

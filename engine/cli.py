@@ -16,7 +16,7 @@ from splice.lora_modules import parse_lora_modules
 from splice.ports import Listen, first_unbindable
 from splice.sampling import DEFAULT_STRUCTURED_CACHE_MB, DEFAULT_STRUCTURED_COMPILE_TIMEOUT_S
 from splice.security import ENGINE_KEY_ENV, server_tls
-from splice.service_main import Resolve, run_service
+from splice.service_main import CheckModel, Resolve, model_refused, run_service
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -170,16 +170,18 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
         await server.stop(args.drain_grace)
 
 
-def run(args: argparse.Namespace, resolve: Resolve) -> int:
+def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = None) -> int:
+    busy = first_unbindable([Listen("--port", args.host, args.port),
+                             Listen("--metrics-port", args.host, args.metrics_port or 0)])
+    if busy:  # before the model loads, and before the flags' check imports torch (seconds)
+        print(f"splice engine: {busy}", file=sys.stderr)
+        return 2
+    if model_refused("engine", args.model, check):
+        return 2
     try:
         server_tls(args.tls_cert, args.tls_key, args.tls_ca)
         config_from_args(args, args.model or "")  # flags out of range: one line now, not a traceback after loading
     except ValueError as exc:
         print(f"splice engine: {exc}", file=sys.stderr)
-        return 2
-    busy = first_unbindable([Listen("--port", args.host, args.port),
-                             Listen("--metrics-port", args.host, args.metrics_port or 0)])
-    if busy:  # before the model loads
-        print(f"splice engine: {busy}", file=sys.stderr)
         return 2
     return run_service("engine", _serve(args, resolve), args.log_level)

@@ -440,7 +440,7 @@ class LLMEngine:
                                          Usage(seq.prompt_len, seq.num_generated) if reason is not None else None,
                                          *(top if top is not None else ((), ())),
                                          prompt_logprobs=scores.result if scores is not None else None,
-                                         index=seq.index))
+                                         index=seq.index, cached_tokens=seq.cached if seq.num_generated == 1 else None))
         self.stats.generated(len(step.rows))  # one counter update per step, not per token
 
     def _record(self, rows: list[Sequence], done: list[Sequence], start: float) -> None:

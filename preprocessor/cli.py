@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
@@ -18,7 +21,7 @@ from preprocessor.tools.parsers import parser_names
 from splice.drain import DEFAULT_GRACE
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
-from splice.service_main import Resolve, run_service
+from splice.service_main import CheckModel, Resolve, model_refused, run_service
 
 DEFAULTS = Limits()
 log = logging.getLogger(__name__)
@@ -121,7 +124,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='serve tool_choice "auto" (the default with tools): the model decides, the parser '
                              "finds its calls; needs --tool-call-parser")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the names the HTTP API serves the model as (vLLM's): /v1/models lists them, a "
+                             "request's model may be any of them, answers carry the first (default: the model's own "
+                             "name)")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="logprobs name tokens 'token_id:N' unless a request's return_tokens_as_token_ids says "
+                             "otherwise (vLLM's flag)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="usage.prompt_tokens_details.cached_tokens: the prompt tokens read from the engine's "
+                             "prefix cache (vLLM's flag; off: null)")
+    parser.add_argument("--structured-outputs-config", type=structured_outputs_config, default=None, metavar="JSON",
+                        help="""vLLM's: '{"disable_any_whitespace": true}' writes JSON (structured outputs, tool """
+                             """calls) without whitespace between tokens; also --structured-outputs-config."""
+                             """disable_any_whitespace true""")
+    parser.add_argument("--structured-outputs-config.disable_any_whitespace", dest="disable_any_whitespace",
+                        type=_bool, default=None, metavar="BOOL", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+# vLLM's --structured-outputs-config keys that mean something here (xgrammar is the one backend)
+STRUCTURED_CONFIG = {"disable_any_whitespace": (True, False), "backend": ("xgrammar", "auto")}
+
+
+def json_flag(kind: type) -> Callable[[str], Any]:
+    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
+    name = {dict: "object", list: "array"}[kind]
+
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
+        return value
+
+    return parse
+
+
+def structured_outputs_config(text: str) -> dict:
+    config = json_flag(dict)(text)
+    for key, value in config.items():
+        if key not in STRUCTURED_CONFIG or value not in STRUCTURED_CONFIG[key]:
+            raise argparse.ArgumentTypeError(f"{key}={value!r} is not supported; the keys are "
+                                             f"disable_any_whitespace (true or false) and backend (xgrammar)")
+    return config
+
+
+def _disable_any_whitespace(args: argparse.Namespace) -> bool:
+    if args.disable_any_whitespace is not None:
+        return args.disable_any_whitespace
+    return bool((args.structured_outputs_config or {}).get("disable_any_whitespace", False))
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -133,7 +193,8 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
                   trust_request_chat_template=args.trust_request_chat_template,
                   chat_template_timeout=args.chat_template_timeout, chat_template_workers=args.chat_template_workers,
                   upload_idle_timeout=args.upload_idle_timeout, enable_mm_embeds=args.enable_mm_embeds,
-                  tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice)
+                  tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                  disable_any_whitespace=_disable_any_whitespace(args))
 
 
 def admission_from_args(args: argparse.Namespace) -> Admission:
@@ -163,7 +224,10 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
                        drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
                        body_idle_timeout=args.upload_idle_timeout,
                        max_connections=args.http_max_connections,
-                       allow_runtime_lora_updating=args.allow_runtime_lora_updating)
+                       allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                       served_model_names=tuple(args.served_model_name or ()),
+                       return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                       prompt_tokens_details=args.enable_prompt_tokens_details)
 
 
 async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
@@ -204,7 +268,7 @@ async def serve(args: argparse.Namespace, resolve: Resolve) -> None:
         await server.stop(args.drain_grace)
 
 
-def run(args: argparse.Namespace, resolve: Resolve) -> int:
+def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = None) -> int:
     try:
         limits_from_args(args)
         http_from_args(args)
@@ -218,5 +282,7 @@ def run(args: argparse.Namespace, resolve: Resolve) -> int:
                              Listen("--metrics-port", args.host, args.metrics_port or 0)])
     if busy:  # before the model loads
         print(f"splice preprocessor: {busy}", file=sys.stderr)
+        return 2
+    if model_refused("preprocessor", args.model, check):
         return 2
     return run_service("preprocessor", serve(args, resolve), args.log_level)

@@ -7,6 +7,7 @@ from a tiny model's config without an engine process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -15,21 +16,23 @@ from dataclasses import dataclass
 
 from preprocessor import metrics
 from preprocessor.content import Conversation, Embeds, PromptPart, Text, TokenIds
+from preprocessor.detokenizer import decoder
 from preprocessor.limits import Limits
 from preprocessor.merge import merge_streams
 from preprocessor.model_files import ModelFiles
 from preprocessor.normalize import Normalized, normalize_chat, normalize_complete, tokenize_text
 from preprocessor.outputs import GenerationChunk, TokenizeResult
 from preprocessor.request_bounds import check_conversation, check_prompt, check_text
-from preprocessor.stream import EngineBackend, stream_generation
+from preprocessor.stream import EngineBackend, EosIds, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
 from preprocessor.tools.parsers import get_parser
 from splice.errors import InvalidArgument
+from splice.grammar import WHITESPACE_KINDS
 from splice.grammar import check as check_grammar
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
-from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS, check_ids
+from splice.request_rules import PROMPT_LOGPROBS_WITH_EMBEDS, check_ids, check_max_tokens
 from splice.sampling import SamplingParams
 
 MAX_DETOKENIZE_IDS = 1 << 20
@@ -94,7 +97,9 @@ class PreprocessorCore:
         # --tool-call-parser: finds the calls in an answer to tool_choice "auto" (preprocessor/tools/)
         self.tool_parser = get_parser(self.limits.tool_call_parser) if self.limits.tool_call_parser else None
         self._engine = engine
+        self.eos = EosIds.of(files.tokenizer, info.eos_token_ids)  # how an answer's last token names its stop_reason
         self._token_text: dict[int, str] = {}  # token_texts' cache
+        self._decode_kept = decoder(files.tokenizer, skip_special_tokens=False)
         self._own_sandbox = sandbox is None and self.limits.trust_request_chat_template
         self._sandbox = sandbox
         if self._own_sandbox:
@@ -126,6 +131,14 @@ class PreprocessorCore:
         is fetched, decoded, rendered or tokenized."""
         check_conversation(conv, self.info, self.files, self.limits)
 
+    def _served(self, sampling: SamplingParams) -> SamplingParams:
+        """`sampling` as this server serves it: a JSON grammar without whitespace when the server says so
+        (--structured-outputs-config disable_any_whitespace), as a request may say for itself."""
+        so = sampling.structured
+        if so is None or so.kind not in WHITESPACE_KINDS or not self.limits.disable_any_whitespace:
+            return sampling
+        return dataclasses.replace(sampling, structured=dataclasses.replace(so, disable_any_whitespace=True))
+
     @staticmethod
     def _request_id(request_id: str) -> str:
         return request_id or uuid.uuid4().hex
@@ -146,6 +159,8 @@ class PreprocessorCore:
         """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
         contacted. `lora`: the LoRA adapter it runs under (its name, already checked: preprocessor/loras.py)."""
         arrival = time.perf_counter()
+        check_max_tokens(sampling, self.info)
+        sampling = self._served(sampling)
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS) with plain template arguments and no structured output: checking a spec,
         # image processing, tensor decoding and long conversations would stall every other stream.
@@ -173,10 +188,12 @@ class PreprocessorCore:
             raise InvalidArgument("the request has no prompt")
         if len(prompts) > self.limits.max_prompts:
             raise InvalidArgument(f"the request has {len(prompts)} prompts; at most {self.limits.max_prompts}")
+        check_max_tokens(sampling, self.info)
         for prompt in prompts:  # the cheap bounds (request_bounds.py), before any prompt is decoded or tokenized
             check_prompt(prompt, self.info, self.files, self.limits)
         if sampling.structured is not None:  # (xgrammar parses it off the loop)
             await asyncio.to_thread(_check_structured, sampling)
+        sampling = self._served(sampling)
         _check_prompt_logprobs(sampling, [p for prompt in prompts for p in prompt if isinstance(p, Embeds)])
         embeds = sum(isinstance(p, Embeds) for prompt in prompts for p in prompt)
         if embeds > self.limits.max_embeds_parts:  # (each prompt's own count is checked with it)
@@ -230,7 +247,8 @@ class PreprocessorCore:
             raise RuntimeError("this PreprocessorCore has no engine")
         first = True
         unfinished = normalized.request.sampling.n  # choices: the request ends with the last one's final chunk
-        stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinels.id_set)
+        stream = stream_generation(normalized.request, self._engine, self.files.tokenizer, self.files.sentinels.id_set,
+                                   self.eos)
         async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 if first:
@@ -262,6 +280,11 @@ class PreprocessorCore:
         # Sentinel IDs can be valid engine IDs (padded tables) but never decode to the internal sentinel text.
         return self.files.tokenizer.decode(self.files.sentinels.drop(ids), skip_special_tokens=skip_special_tokens,
                                            clean_up_tokenization_spaces=False)
+
+    def decode_ids(self, ids: list[int]) -> str:
+        """Token IDs decoded together, special tokens kept: how vLLM completes a logprob token that is a piece of a
+        character (preprocessor/http/token_strings.py)."""
+        return self._decode_kept(ids)
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """Each token's own text, special tokens included (as logprobs name them). Cached by ID, which the

@@ -37,6 +37,9 @@ class Limits:
     # default with tools) is served; without it only "none", "required" and a named function are
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    # JSON grammars (structured outputs, tool calls) allow no whitespace between tokens (vLLM's
+    # --structured-outputs-config.disable_any_whitespace); off: any whitespace JSON allows, xgrammar's default
+    disable_any_whitespace: bool = False
 
     @property
     def tools(self) -> ToolSettings:

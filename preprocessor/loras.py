@@ -25,9 +25,14 @@ class LoraCatalog:
         self.adapters: dict[str, str] = {}  # name -> the adapter's folder on the engine's machine
 
     async def refresh(self) -> dict[str, str]:
-        """The engine's adapters now."""
+        """The engine's adapters now (an engine of a version without adapters serves none)."""
         if self._client is not None:
-            self.enabled, self.adapters = await self._client.lora_adapters()
+            try:
+                self.enabled, self.adapters = await self._client.lora_adapters()
+            except SpliceError as exc:
+                if exc.code != "UNIMPLEMENTED":
+                    raise
+                self.enabled, self.adapters = False, {}
         return self.adapters
 
     async def check(self, name: str) -> str:

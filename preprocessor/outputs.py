@@ -28,6 +28,14 @@ class GenerationChunk:
     # a Chat with tools: call pieces in OpenAI's streamed shape ({"index", "id", "type", "function": {"name",
     # "arguments"}}; later pieces of an index only add arguments), preprocessor/tools/answer.py
     tool_calls: tuple[dict, ...] = ()
+    # final chunk only: the token that ended the output when vLLM names it in stop_reason (a stop_token_ids token, a
+    # generation-config EOS besides the tokenizer's); preprocessor/stream.py
+    stop_token_id: int | None = None
+
+    @property
+    def stop_reason_json(self) -> str | int | None:
+        """vLLM's stop_reason: the stop string or token that ended the output; None otherwise (an EOS, a length)."""
+        return self.stop_reason or self.stop_token_id
 
     @property
     def final(self) -> bool:
@@ -43,6 +51,8 @@ class GenerationChunk:
             pb.finish_reason = finish_reason_to_pb(self.finish_reason)
         if self.stop_reason:
             pb.stop_reason = self.stop_reason
+        if self.stop_token_id is not None:
+            pb.stop_token_id = self.stop_token_id
         if self.usage is not None:
             pb.usage.CopyFrom(self.usage.to_pb())
         plp = prompt_logprobs or self.prompt_logprobs

@@ -21,16 +21,16 @@ pip_install() {  # quiet unless it fails; then show why
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: torch already installed in $VENV"
 else
-  echo "setup: installing torch $TORCH_VERSION (the longest step, about a minute) ... log: $log"
+  echo "setup: installing torch $TORCH_VERSION (half a minute from a cached wheel; a download of the CUDA build takes longer) ... log: $log"
   pip_install "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 fi
-echo "setup: installing splice and its dependencies ... log: $log"
+echo "setup: installing splice and its dependencies (transformers, grpc, xgrammar, ...: about a minute) ... log: $log"
 pip_install -e ".[test]"
-# xgrammar asks for triton on Linux x86_64; only a CUDA torch uses it, and beside a CPU torch it prints a
-# nanobind leak report at every exit that imports torch._dynamo: a CPU torch's venv goes without it.
+# xgrammar asks for triton on Linux x86_64; only a CUDA torch uses it, and beside a CPU torch it prints nanobind
+# "leaked" lines at every exit of a process that imported torch._dynamo: a CPU torch's venv goes without it.
 if "$VENV/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" 2>/dev/null \
    && "$VENV/bin/python" -m pip show triton >/dev/null 2>&1; then
-  echo "setup: removing triton (xgrammar asks for it; a CPU torch never uses it)"
+  echo "setup: removing triton: xgrammar installs it for GPU kernels, a CPU torch never runs them, and with it every exit prints nanobind \"leaked\" lines"
   "$VENV/bin/python" -m pip uninstall -y triton >>"$log" 2>&1
 fi
 echo "setup: done ($VENV/bin/splice)"

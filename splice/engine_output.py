@@ -49,13 +49,15 @@ def finish_reason_to_pb(reason: FinishReason | None) -> common_pb2.FinishReason:
 class Usage:
     prompt_tokens: int  # positions in the prompt: text, image and prompt-embedding positions alike
     completion_tokens: int  # tokens generated
+    cached_tokens: int = 0  # of the prompt's positions, those read from the engine's prefix cache
 
     def to_pb(self) -> common_pb2.Usage:
-        return common_pb2.Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+        return common_pb2.Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                                cached_tokens=self.cached_tokens)
 
     @classmethod
     def from_pb(cls, pb: common_pb2.Usage) -> Usage:
-        return cls(pb.prompt_tokens, pb.completion_tokens)
+        return cls(pb.prompt_tokens, pb.completion_tokens, pb.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class EngineOutput:
     # with SamplingParams.prompt_logprobs: the prompt's, on the output carrying the first token (choice 0's when n > 1)
     prompt_logprobs: PromptLogprobs | None = None
     index: int = 0  # which of the request's n choices (SamplingParams.n) these tokens belong to
+    # with a choice's first token: its prompt positions read from the prefix cache (usage's cached_tokens)
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:
@@ -98,7 +102,8 @@ class EngineOutput:
         return cls(tuple(t for o in outputs for t in o.token_ids), tuple(lp for o in outputs for lp in o.logprobs),
                    last.finish_reason, last.usage, tuple(t for o in outputs for t in o.top_ids),
                    tuple(lp for o in outputs for lp in o.top_logprobs),
-                   next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None), last.index)
+                   next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None), last.index,
+                   next((o.cached_tokens for o in outputs if o.cached_tokens is not None), None))
 
     def to_pb(self, prompt_logprobs: PromptLogprobs | None = None) -> engine_pb2.GenerateResponse:
         """`prompt_logprobs`: the piece this message carries (to_pbs), default the output's own."""
@@ -111,6 +116,8 @@ class EngineOutput:
         plp = prompt_logprobs or self.prompt_logprobs
         if plp is not None:
             pb.prompt_logprobs.CopyFrom(plp.to_pb())
+        if self.cached_tokens is not None:
+            pb.cached_tokens = self.cached_tokens
         return pb
 
     def to_pbs(self) -> list[engine_pb2.GenerateResponse]:
@@ -128,4 +135,5 @@ class EngineOutput:
         usage = Usage.from_pb(pb.usage) if finish is not None else None
         plp = PromptLogprobs.from_pb(pb.prompt_logprobs) if pb.HasField("prompt_logprobs") else None
         return cls(tuple(pb.token_ids), tuple(pb.logprobs), finish, usage, tuple(pb.top_token_ids),
-                   tuple(pb.top_logprobs), plp, pb.index)
+                   tuple(pb.top_logprobs), plp, pb.index,
+                   pb.cached_tokens if pb.HasField("cached_tokens") else None)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 
 class SpliceError(Exception):
-    """Base class; `code` names a grpc.StatusCode member."""
+    """Base class; `code` names a grpc.StatusCode member. `param`: the request field at fault, where there is one
+    (the HTTP error body's `param`, as vLLM names it); the message names it too, for gRPC callers."""
 
     code = "INTERNAL"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 class InvalidArgument(SpliceError):

@@ -10,8 +10,8 @@ Two uses, one translation (vLLM's, vllm/v1/structured_output/backend_xgrammar.py
 Before xgrammar sees a spec: JSON text nests within splice/json_depth.py's cap (xgrammar's JSON-schema converter
 takes time cubic in the depth), and a JSON schema asks only for what the grammar holds (splice/json_schema_rules.py).
 
-JSON schemas and json_object restrict whitespace (vLLM's disable-any-whitespace): ", " and ": " between items and
-nothing else, so a random model cannot spend its whole budget on spaces.
+JSON schemas and json_object allow any whitespace JSON does between tokens (xgrammar's default, vLLM's), or none with
+StructuredOutput.disable_any_whitespace: "," and ":" as separators (vLLM's disable_any_whitespace).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from splice.structured_output import StructuredOutput
 CHECKED_SPECS = 256  # distinct specs whose check is remembered (LRU)
 JSON_KINDS = ("json", "choice", "structural_tag")  # kinds whose spec is JSON text
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+WHITESPACE_KINDS = ("json", "json_object")  # the JSON grammars: disable_any_whitespace applies to them
 # xgrammar's errors start with "[hh:mm:ss] /project/cpp/file.cc:123: "; the caller needs the rest
 _XGR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is false:\s*)?")
 
@@ -109,12 +110,14 @@ def build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
     if kind in JSON_KINDS:
         json_depth.check_text(spec, f"structured output {kind}", json_depth.MAX_SPEC_DEPTH)
     try:
-        if kind in ("json", "json_object"):
+        if kind in WHITESPACE_KINDS:
             schema = spec if kind == "json" else JSON_OBJECT_SCHEMA
+            compact = {"any_whitespace": not so.disable_any_whitespace,
+                       "separators": (",", ":") if so.disable_any_whitespace else None}
             if compiler is None:
-                grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+                grammar = xgr.Grammar.from_json_schema(schema, **compact)
             else:
-                grammar = compiler.compile_json_schema(schema, any_whitespace=False)
+                grammar = compiler.compile_json_schema(schema, **compact)
             if kind == "json":  # (xgrammar's own refusals first: they say more)
                 _check_schema(spec)
             return grammar
@@ -137,4 +140,4 @@ def build(so: StructuredOutput, compiler: xgr.GrammarCompiler | None) -> Any:
 
 
 def spec_key(so: StructuredOutput) -> str:
-    return hashlib.sha256(f"{so.kind}\0{so.spec}".encode()).hexdigest()
+    return hashlib.sha256(f"{so.kind}\0{so.disable_any_whitespace:d}\0{so.spec}".encode()).hexdigest()

@@ -42,7 +42,8 @@ def check_length(n: int, info: ModelInfo, where: object = "") -> None:
         raise InvalidArgument(f"{_at(where)}the prompt is empty")
     if n >= info.max_model_len:
         raise InvalidArgument(f"{_at(where)}the prompt is {n} positions long; the engine's max_model_len is "
-                              f"{info.max_model_len} and at least one position must be left to generate")
+                              f"{info.max_model_len} and at least one position must be left to generate",
+                              param="input_tokens")
 
 
 def check_rows(n: int, info: ModelInfo, what: str) -> None:
@@ -151,6 +152,15 @@ def check_controls(sampling: SamplingParams, info: ModelInfo) -> None:
     if sampling.min_tokens and admitted <= {*info.eos_token_ids, *sampling.stop_token_ids}:
         raise InvalidArgument(f"allowed_token_ids allows only EOS or stop tokens, which min_tokens "
                               f"({sampling.min_tokens}) bans from the first token")
+
+
+def check_max_tokens(sampling: SamplingParams, info: ModelInfo) -> None:
+    """vLLM's rule for a request (the preprocessor's; the engine ends a sequence where its context does): max_tokens
+    past the whole context is refused, not clamped (within it, an answer still ends where the context does, with
+    finish_reason length)."""
+    if sampling.max_tokens is not None and sampling.max_tokens > info.max_model_len:
+        raise InvalidArgument(f"max_tokens={sampling.max_tokens} cannot be greater than max_model_len="
+                              f"{info.max_model_len}; ask for fewer tokens", param="max_tokens")
 
 
 def check_request(req: EngineRequest, info: ModelInfo, where: object = "token_ids") -> set[int]:

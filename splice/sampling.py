@@ -250,7 +250,7 @@ class SamplingParams:
         """Every token ID the controls name, by field: what must index the engine's vocabulary."""
         return {"logit_bias": [t for t, _ in self.logit_bias], "allowed_token_ids": list(self.allowed_token_ids),
                 "bad_words": [t for s in self.bad_words_token_ids for t in s],
-                "logprob_token_ids": list(self.logprob_token_ids)}
+                "logprob_token_ids": list(self.logprob_token_ids), "stop_token_ids": list(self.stop_token_ids)}
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -308,8 +308,9 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             pb.prompt_logprobs = self.prompt_logprobs
         if self.structured is not None:
-            pb.structured.CopyFrom(common_pb2.StructuredOutput(kind=f"KIND_{self.structured.kind.upper()}",
-                                                               spec=self.structured.spec))
+            pb.structured.CopyFrom(common_pb2.StructuredOutput(
+                kind=f"KIND_{self.structured.kind.upper()}", spec=self.structured.spec,
+                disable_any_whitespace=self.structured.disable_any_whitespace))
         if self.seed is not None:
             pb.seed = self.seed
         if self.max_tokens is not None:
@@ -335,4 +336,5 @@ def _structured_from_pb(pb: common_pb2.StructuredOutput) -> StructuredOutput:
     if name is None:  # unset, or a kind from a newer proto
         raise InvalidArgument(f"sampling.structured.kind must be one of {', '.join(STRUCTURED_KINDS)}, got "
                               f"enum value {pb.kind}")
-    return StructuredOutput(name, pb.spec)  # type: ignore[arg-type]  (the enum's names are the Kind literals)
+    # (the enum's names are the Kind literals)
+    return StructuredOutput(name, pb.spec, pb.disable_any_whitespace)  # type: ignore[arg-type]

@@ -10,14 +10,31 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from splice.errors import SpliceError
 
 # --model value (a built-in name, folder or HF id) -> a local HF folder. The layer above the services
 # supplies it (app.models.resolve_model), so a service never imports the tiny-model builder.
 Resolve = Callable[[str], str]
+# A quick look at a --model value (app.models.check_model): SpliceError for one that cannot be a model, before a
+# service imports its libraries or resolves it
+CheckModel = Callable[[str], None]
+
+
+def model_refused(name: str, model: str | None, check: CheckModel | None) -> bool:
+    """Whether `check` refuses `model`, said in one line as a service's start-up errors are."""
+    if model is None or check is None:
+        return False
+    try:
+        check(model)
+    except SpliceError as exc:
+        print(f"splice {name}: {exc.message}", file=sys.stderr)
+        return True
+    return False
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -50,15 +67,30 @@ def freeze_startup_heap() -> None:
     _frozen = True
 
 
-def run_service(name: str, serve: Awaitable[None], log_level: str) -> int:
-    """Runs `serve` to completion; a SpliceError (wrong --model, busy port) is printed, not a traceback."""
+def run_service(name: str, serve: Awaitable[None], log_level: str) -> NoReturn:
+    """Runs `serve` to completion, then ends the process (exit_service); a SpliceError (wrong --model, busy port)
+    is printed, not a traceback, and so is a Ctrl-C before the service's own handlers are set (while it loads)."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     factory = loop_factory()
     logging.getLogger(__name__).info("%s: event loop %s", name, "uvloop" if factory else "asyncio")
+    code = 0
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve)
     except SpliceError as exc:
         print(f"splice {name}: {exc.message}", file=sys.stderr)
-        return 2
-    return 0
+        code = 2
+    except KeyboardInterrupt:
+        print(f"splice {name}: interrupted", file=sys.stderr)
+        code = 130
+    exit_service(code)
+
+
+def exit_service(code: int) -> NoReturn:
+    """Ends a service that has stopped (its servers drained, its workers ended) without the interpreter's teardown:
+    there, native modules torch imports report every object still alive as leaked (triton's, where triton is
+    installed: dozens of nanobind "leaked function" lines after a clean stop). Logs and output are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,6 +8,7 @@ constraint"). The HTTP face and the Python clients read the same fields through 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -18,9 +19,10 @@ from splice.structured_output import StructuredOutput
 FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # structured_outputs' keys that choose a constraint, and those that tune how it is followed
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-# accepted as vLLM's defaults are: whitespace is always restricted; no fallback backend exists; xgrammar is the backend
-_INERT = {"disable_any_whitespace": (True,), "disable_fallback": (True, False), "backend": ("xgrammar", "auto"),
-          "disable_additional_properties": (False,)}
+# accepted as vLLM's defaults are: no fallback backend exists; xgrammar is the backend. disable_any_whitespace (a
+# flag on the constraint, not one) is read by _structured_outputs
+_INERT = {"disable_any_whitespace": (True, False), "disable_fallback": (True, False),
+          "backend": ("xgrammar", "auto"), "disable_additional_properties": (False,)}
 
 
 def _json_text(value: Any, where: str) -> str:
@@ -85,6 +87,8 @@ def _structured_outputs(value: Any) -> list[tuple[str, StructuredOutput]]:
         else:
             raise InvalidArgument(f"{where} is not supported (got {item!r:.60}); the constraints are "
                                   f"{', '.join(_KINDS)}")
+    if value.get("disable_any_whitespace") is True:  # JSON without whitespace between tokens
+        found = [(where, dataclasses.replace(so, disable_any_whitespace=True)) for where, so in found]
     return found
 
 

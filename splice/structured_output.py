@@ -18,3 +18,6 @@ class StructuredOutput:
     # json: a JSON schema's text; json_object: ""; regex: the pattern; choice: a JSON list of the strings;
     # grammar: EBNF (xgrammar's / GBNF); structural_tag: vLLM's structural-tag JSON.
     spec: str = ""
+    # json / json_object: no whitespace between tokens, "," and ":" as separators (vLLM's disable_any_whitespace);
+    # False: any whitespace JSON allows, xgrammar's and vLLM's default
+    disable_any_whitespace: bool = False

@@ -4,6 +4,7 @@ image, a missing embeddings file."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -72,3 +73,36 @@ def test_a_mistyped_built_in_model_is_one_line_with_the_name_meant(command):
     assert "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "did you mean 'tiny-idefics3-colors'?" in last, out.stderr
+
+
+CHECK = "import sys; from app.cli import main; code = main(sys.argv[1:]); print(code, 'torch' in sys.modules)"
+
+
+@pytest.mark.parametrize("argv", [["up", "--model", "./no-such-folder"], ["up", "--model", "bad name!"],
+                                  ["engine", "--model", "./no-such-folder"], ["engine", "--model", "tiny-txet"],
+                                  ["preprocessor", "--model", "./no-such-folder"]])
+def test_a_model_that_cannot_be_one_is_refused_before_torch_is_imported(argv):
+    """The line comes at once: nothing heavy (torch, transformers) is imported to refuse it."""
+    out = subprocess.run([sys.executable, "-c", CHECK, *argv], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and out.stderr.startswith(f"splice {argv[0]}: model")
+
+
+def test_no_server_and_a_busy_port_are_said_before_torch_is_imported(closed_port, busy_port):
+    for argv in (["chat", "Hi", "--target", f"127.0.0.1:{closed_port}"], ["up", "--http-port", str(busy_port)],
+                 ["engine", "--port", str(busy_port)]):
+        out = subprocess.run([sys.executable, "-c", CHECK, *argv], capture_output=True, text=True, timeout=120)
+        assert out.stdout.split() == ["2", "False"], (argv, out.stdout, out.stderr)
+
+
+def test_what_a_model_may_be_is_said_alike():
+    """An HF id may be NAME (the Hub looks a bare name up) as well as ORG/NAME: every message says so; a path that
+    is no folder is said to be one."""
+    from app.models import HF_ID, check_model
+    from splice.errors import FailedPrecondition
+
+    for name, said in (("bad name!", HF_ID), ("tiny-txet", HF_ID), ("./no-such-folder", "does not exist")):
+        with pytest.raises(FailedPrecondition, match=re.escape(said)):
+            check_model(name)
+    check_model("gpt2")  # a bare name is an HF id: looked up on the Hub, not refused here

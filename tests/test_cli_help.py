@@ -51,3 +51,16 @@ def test_help_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout[-300:]
+
+
+def test_splice_up_passes_served_model_names_to_the_preprocessor():
+    """vLLM's --served-model-name on `splice up`: the preprocessor serves the names (tests/integration/
+    test_vllm_meaning.py holds what it then does)."""
+    from app.cli import preprocessor_flags
+
+    args = build_parser().parse_args(["up", "--served-model-name", "a", "b", "--tool-call-parser", "hermes"])
+    flags = preprocessor_flags(args)
+    assert flags[flags.index("--served-model-name"):][:3] == ["--served-model-name", "a", "b"]
+    preprocessor = build_parser().parse_args(["preprocessor", *flags])
+    assert preprocessor.served_model_name == ["a", "b"] and preprocessor.tool_call_parser == "hermes"
+    assert "--served-model-name" not in preprocessor_flags(build_parser().parse_args(["up"]))

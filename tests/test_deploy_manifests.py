@@ -143,3 +143,13 @@ def test_the_engine_key_comes_from_one_secret_in_both_deployments():
     assert {_args(c)[0] for _, _, c in _containers()} == {"engine", "preprocessor"}
     assert len({(r["name"], r["key"]) for r in refs.values()}) == 1, refs
     assert not any(r.get("optional") for r in refs.values())  # no key, no pod: never an open engine
+
+
+def test_the_preprocessors_serve_the_model_under_a_name_clients_send():
+    """vLLM's --served-model-name, as a vLLM deployment's clients are configured for (docker-compose.yml too:
+    SPLICE_SERVED_MODEL_NAME, tests/integration/test_compose.py)."""
+    named = [args.served_model_name for _, _, c in _containers() for service, args in [_args(c)]
+             if service == "preprocessor"]
+    assert named and all(names for names in named)
+    compose = (DEPLOY.parents[1] / "docker-compose.yml").read_text()
+    assert compose.count('"--served-model-name", "${SPLICE_SERVED_MODEL_NAME:-${SPLICE_MODEL:-') == 2

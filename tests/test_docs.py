@@ -37,6 +37,13 @@ def _anchors(doc: Path) -> set[str]:
     return set(seen)
 
 
+README_LINES = 250  # the README is read whole; what does not fit goes to docs/
+
+
+def test_the_readme_fits():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= README_LINES
+
+
 def test_the_docs_are_where_the_readme_says():
     names = {d.relative_to(ROOT).as_posix() for d in DOCS}
     assert {"README.md", "docs/operations.md", "docs/api.md", "docs/engine.md", "docs/architecture.md",

@@ -35,8 +35,10 @@ def test_setup_prints_a_line_per_phase_and_keeps_pip_in_its_log(tmp_path):
     assert out.returncode == 0, out.stderr
     log = venv / "splice-install.log"
     assert out.stdout.splitlines() == [
-        f"setup: installing torch 2.13.0 (the longest step, about a minute) ... log: {log}",
-        f"setup: installing splice and its dependencies ... log: {log}",
+        f"setup: installing torch 2.13.0 (half a minute from a cached wheel; a download of the CUDA build takes "
+        f"longer) ... log: {log}",
+        f"setup: installing splice and its dependencies (transformers, grpc, xgrammar, ...: about a minute) ... log: "
+        f"{log}",
         f"setup: done ({venv}/bin/splice)"]
     assert "pip noise" not in out.stdout + out.stderr
     logged = log.read_text()  # both installs, not only the last

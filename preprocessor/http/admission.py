@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preprocessor.admission import Admission
-from preprocessor.http.errors import error_response
+from preprocessor.http.errors import SpliceHTTPError, error_response
 from splice.errors import ResourceExhausted
 
 ADMITTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -37,7 +36,7 @@ VALUE_BYTES = 48
 CLOSE = (b"connection", b"close")
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(SpliceHTTPError):
     def __init__(self, cap: int, values: int = 0) -> None:
         if values:
             detail = (f"the request body holds more than {values} JSON values: parsing them would hold more than the "
@@ -50,13 +49,13 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, detail)
 
 
-class BodyTimeout(HTTPException):
+class BodyTimeout(SpliceHTTPError):
     def __init__(self, idle: float, received: int) -> None:
         super().__init__(408, f"the request body sent nothing for {idle:g} s after {received} bytes; it is abandoned "
                               f"(--upload-idle-timeout)")
 
 
-class NoRoom(HTTPException):
+class NoRoom(SpliceHTTPError):
     """ResourceExhausted while a body arrives, as an HTTPException: FastAPI passes those on from its body reading
     (any other exception there becomes a 400 "error parsing the body")."""
 
@@ -146,10 +145,10 @@ class AdmissionMiddleware:
             if scope["path"].startswith(ADMITTED_PREFIXES):
                 ticket = self.admission.enter((length or 0) * PARSE_FACTOR)
         except BodyTooLarge as exc:
-            await error_response(413, exc.detail, "RESOURCE_EXHAUSTED")(scope, receive, body.send)
+            await error_response(413, exc.detail)(scope, receive, body.send)
             return
         except ResourceExhausted as exc:
-            await error_response(429, exc.message, exc.code)(scope, receive, body.send)
+            await error_response(429, exc.message)(scope, receive, body.send)
             return
         if ticket is not None:
             body.ticket, body.by_length = ticket, length is not None

@@ -6,6 +6,7 @@ needs it (auth.py), /metrics and the docs unless opened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -37,9 +38,10 @@ from preprocessor.http.schemas import (
     TokenizeRequest,
 )
 from preprocessor.http.streaming import ClientGone, stream_response, until_disconnected, whole_response
+from preprocessor.http.token_strings import TokenStrings
 from preprocessor.request_bounds import max_chars
 from preprocessor.tools.request import MAX_TOOLS
-from splice.errors import InvalidArgument, NotFound
+from splice.errors import InvalidArgument, NotFound, SpliceError
 from splice.request_rules import VOCABULARY_BOUNDED
 from splice.sampling import SamplingParams
 
@@ -50,11 +52,40 @@ CLIENT_CLOSED = 499
 SPLICE_VERSION = _dist_version("splice")
 
 
-def _core(link: EngineLink, model: str | None) -> PreprocessorCore:
+def _core(link: EngineLink, options: HttpOptions, model: str | None) -> PreprocessorCore:
+    """The core, for a request naming `model`: one of the served names (vLLM's --served-model-name; by default the
+    model's own name), or none. (Routes that may name an adapter ask `served`.)"""
     core = link.core()
-    if model is not None and model != core.info.model:
-        raise NotFound(f"model {model!r} is not served here; this server serves {core.info.model!r}")
+    names = served_names(options, core)
+    if model is not None and model not in names:
+        raise NotFound(f"model {model!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                       param="model")
     return core
+
+
+async def _served(link: EngineLink, options: HttpOptions, model: str | None) -> tuple[PreprocessorCore, str]:
+    """(the core, the LoRA adapter's name or "" for the base model) of a generating request's `model`."""
+    return await served(link, served_names(options, link.core()), model)
+
+
+def served_names(options: HttpOptions, core: PreprocessorCore) -> tuple[str, ...]:
+    return options.served_model_names or (core.info.model,)
+
+
+def _strings(core: PreprocessorCore, options: HttpOptions, asked: bool | None) -> TokenStrings:
+    """How the request's logprobs spell tokens; `asked`: its return_tokens_as_token_ids (None: the server's)."""
+    as_ids = options.return_tokens_as_token_ids if asked is None else asked
+    return TokenStrings(core.token_texts, core.decode_ids, as_ids)
+
+
+def _model_card(name: str, root: str, max_model_len: int | None, created: int, parent: str | None = None) -> dict:
+    """vLLM's /v1/models entry (its permission block included, as vLLM fills it)."""
+    permission = {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                  "group": None, "is_blocking": False}
+    return {"id": name, "object": "model", "created": created, "owned_by": "splice", "root": root, "parent": parent,
+            "max_model_len": max_model_len, "permission": [permission]}
 
 
 def _body_caps(link: EngineLink) -> Caps:
@@ -121,7 +152,7 @@ async def _reset_prefix_cache(link: EngineLink, request: Request, reset_running_
     message = (f"the prefix cache was reset on {len(done)} of {len(done) + len(failed)} engine replicas at "
                f"{link.target}; not on: {named}")
     log.warning("%s", message)
-    return error_response(503 if unavailable else 502, message, "UNAVAILABLE" if unavailable else "INTERNAL")
+    return error_response(503 if unavailable else 502, message)
 
 
 def _open_paths(app: FastAPI, options: HttpOptions) -> list[str]:
@@ -149,17 +180,19 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        core, lora = await served(link, body.model)
+        core, lora = await _served(link, options, body.model)
         decoded = await decode_chat(core, body, len(await request.body()))
         tools, sampling = decoded.tools, decoded.sampling
         conv = await fetch_remote_images(decoded.conv, options, core.limits.max_image_bytes)
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_chat(conv, sampling, request_id, lora))
-        shape = ChatShape(request_id, body.model or core.info.model, core.token_texts, body.logprobs, include_usage,
-                          prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
-                          listed=bool(sampling.logprob_token_ids), role=convert.answer_role(body),
-                          echo=convert.echoed(body), tools=tools, tool_parser=core.tool_parser)
+        shape = ChatShape(request_id, lora or served_names(options, core)[0],
+                          _strings(core, options, body.return_tokens_as_token_ids), body.logprobs, include_usage,
+                          prompt_ids=prepared.prompt_ids, return_ids=bool(body.return_token_ids), n=sampling.n,
+                          listed=bool(sampling.logprob_token_ids), prompt_details=options.prompt_tokens_details,
+                          role=convert.answer_role(body), echo=convert.echoed(body), tools=tools,
+                          tool_parser=core.tool_parser)
         if not body.stream:
             _charge_whole_answer(core, prepared, shape, sampling)
         chunks = core.generate(prepared)
@@ -169,15 +202,16 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        core, lora = await served(link, body.model)
+        core, lora = await _served(link, options, body.model)
         sampling, prompts = await decode_completion(body, len(await request.body()))
         request_id = body.request_id or uuid.uuid4().hex
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         prepared = await until_disconnected(request, core.prepare_complete(prompts, sampling, request_id,
                                                                            body.add_special_tokens, lora))
-        shape = Shape(request_id, body.model or core.info.model, core.token_texts, sampling.logprobs, include_usage,
-                      prompt_ids=prepared.prompt_ids if body.return_token_ids else None, n=sampling.n,
-                      listed=bool(sampling.logprob_token_ids),
+        shape = Shape(request_id, lora or served_names(options, core)[0],
+                      _strings(core, options, body.return_tokens_as_token_ids), sampling.logprobs, include_usage,
+                      prompt_ids=prepared.prompt_ids, return_ids=bool(body.return_token_ids), n=sampling.n,
+                      listed=bool(sampling.logprob_token_ids), prompt_details=options.prompt_tokens_details,
                       echo_prompts=_echo_prompts(core, body, prompts) if body.echo else None,
                       echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)
         if not body.stream:
@@ -196,17 +230,18 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
 
     @api.get("/v1/models")
     async def models() -> dict:
-        info = _core(link, None).info
+        core = _core(link, options, None)
         created = int(time.time())
-        await link.loras.refresh()
-        return {"object": "list", "data": [{"id": info.model, "object": "model", "created": created,
-                                            "owned_by": "splice", "root": info.model,
-                                            "max_model_len": info.max_model_len},
-                                           *adapter_cards(link, info.model, created)]}
+        with contextlib.suppress(SpliceError):  # (the engine unreachable now: the adapters it served last)
+            await link.loras.refresh()
+        names = served_names(options, core)
+        return {"object": "list", "data": [*(_model_card(name, core.info.model, core.info.max_model_len, created)
+                                             for name in names),
+                                           *adapter_cards(link, names[0], created, _model_card)]}
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         if isinstance(body, TokenizeChatRequest):
             conv = await asyncio.to_thread(conversation, core, body)
             conv = await fetch_remote_images(conv, options, core.limits.max_image_bytes)
@@ -214,19 +249,21 @@ def build_app(link: EngineLink, options: HttpOptions, admission: Admission | Non
         else:
             result = await asyncio.to_thread(core.tokenize_text, body.prompt, body.add_special_tokens)
         tokens = list(result.token_ids)
-        strs = await asyncio.to_thread(core.token_texts, tokens) if body.return_token_strs else None
+        # vLLM's: the vocabulary's pieces (a byte-level BPE's "Ġla"), not decoded text
+        strs = await asyncio.to_thread(core.files.tokenizer.convert_ids_to_tokens, tokens) \
+            if body.return_token_strs else None
         return {"count": len(tokens), "max_model_len": core.info.max_model_len, "tokens": tokens, "token_strs": strs}
 
     @api.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
-        core = _core(link, body.model)
+        core = _core(link, options, body.model)
         return {"prompt": await asyncio.to_thread(core.detokenize, body.tokens, True)}
 
     @app.get("/health")
     async def health() -> Response:
         if link.serving:
             return Response(status_code=200)
-        return error_response(503, f"not serving: the engine at {link.target} is not reachable", "UNAVAILABLE")
+        return error_response(503, f"not serving: the engine at {link.target} is not reachable")
 
     @app.get("/version")
     async def version() -> dict:

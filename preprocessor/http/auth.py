@@ -39,7 +39,7 @@ class KeyMiddleware:
         if hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, UNAUTHENTICATED, "UNAUTHENTICATED")
+        response = error_response(401, UNAUTHENTICATED)
         if has_body(scope):
             response.headers["connection"] = "close"
         await response(scope, receive, send)

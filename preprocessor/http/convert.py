@@ -152,6 +152,9 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
     prompt (text, token IDs, or OpenAI's list of either). An empty text prompt next to embeddings is dropped (the
     openai SDK once required `prompt`, so clients send "")."""
     embeds = [body.prompt_embeds] if isinstance(body.prompt_embeds, str) else list(body.prompt_embeds or [])
+    if body.prompt in (None, "") and not embeds:  # vLLM's rule (a prompt of no tokens has nothing to continue)
+        raise InvalidArgument("set prompt or prompt_embeds; the prompt is empty and there are no prompt_embeds",
+                              param="prompt")
     prompts: list[list[PromptPart]] = [[embeds_from_http(e, Where(None, i, "prompt_embeds"))]
                                        for i, e in enumerate(embeds)]
     prompt = body.prompt
@@ -164,7 +167,7 @@ def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
         prompts += [[Text(p, Where(None, i)) if isinstance(p, str) else TokenIds(tuple(p), Where(None, i))]
                     for i, p in enumerate(prompt)]
     if not prompts:
-        raise InvalidArgument("set prompt or prompt_embeds")
+        raise InvalidArgument("set prompt or prompt_embeds; the prompt is an empty list", param="prompt")
     return prompts
 
 
@@ -204,6 +207,9 @@ def _common(body: GenerationFields, max_tokens: int | None, logprobs: bool, top_
     if not low <= body.n <= high:
         raise InvalidArgument(f"n must be in [{low}, {high}] (OpenAI's range), got {body.n}")
     _refuse(body.model_extra or {}, {name: _off(name, body) for name in UNHONOURED})
+    options = body.stream_options
+    if options is not None and not body.stream and (options.model_fields_set or options.model_extra):
+        raise InvalidArgument("stream_options can only be set when stream is true (vLLM's rule)")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     asked = structured_from_fields({name: getattr(body, name) for name in STRUCTURED_FIELDS})
     params = SamplingParams(
@@ -312,7 +318,6 @@ NOT_SERVED: dict[str, tuple[Any, ...]] = {
     "media_io_kwargs": ({},),
     "truncation_side": (),
     "watermarking": (False,),
-    "return_tokens_as_token_ids": (False,),
     "return_token_offsets": (False,),
     "return_prompt_text": (False,),
     "return_weight_versions": (False,),

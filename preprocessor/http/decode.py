@@ -19,6 +19,7 @@ from preprocessor.request_bounds import check_counts_only
 from preprocessor.tools.choice import constrain, constraint_for
 from preprocessor.tools.request import ToolRequest
 from splice.offload import inline_or_thread
+from splice.request_rules import check_max_tokens
 from splice.sampling import SamplingParams
 from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
 
@@ -52,6 +53,7 @@ def _chat(core: PreprocessorCore, body: ChatCompletionRequest) -> Chat:
     tools = convert.tools_from_http(body, core.limits.tools)
     sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
     convert.check_served(body)
+    check_max_tokens(sampling, core.info)  # (before the conversation is converted and its images fetched)
     conv = conversation(core, body, tools)
     return Chat(tools, convert.conversation_prompt_logprobs(body, conv, sampling), conv)
 

@@ -9,11 +9,11 @@ A Step is that dict as items, in that order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
+from preprocessor.http.token_strings import CONTEXT, TokenStrings
 from splice.prompt_logprobs import PromptLogprobs
 
-TokenTexts = Callable[[Sequence[int]], list[str]]  # token IDs -> each token's own text
 MIN_LOGPROB = -9999.0  # vLLM's JSON stand-in for -inf (JSON has no infinity)
 # (token ID, its logprob or None at prompt position 0, the position's dict as (ID, logprob) items, token's first)
 Step = tuple[int, float | None, tuple[tuple[int, float], ...]]
@@ -52,16 +52,34 @@ def output_steps(token_ids: Sequence[int], logprobs: Sequence[float], top_ids: S
             for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True))]
 
 
-def completion_logprobs(steps: Sequence[Step], texts: TokenTexts, shown: int | None, offset: int = 0) -> dict:
+def step_strings(steps: Sequence[Step], strings: TokenStrings, context: Sequence[int] = (),
+                 decoded: bool = False) -> list[dict[int, str]]:
+    """Each step's token strings by ID (its token's and its alternatives'), as vLLM renders them at that place of
+    their sequence (http/token_strings.py): `context` holds the sequence's tokens before the first step, and each
+    step's own token follows it. A step without a logprob (a prompt's first position) is decoded alone and is no
+    context, as vLLM keeps no entry for it. `decoded`: vLLM's decoded text even with return_tokens_as_token_ids."""
+    at = strings.decoded if decoded else strings.at
+    ctx = list(context[-CONTEXT:])
+    out = []
+    for token, lp, items in steps:
+        if lp is None:
+            out.append(dict(zip([token], strings.alone([token]), strict=True)))
+            continue
+        ids = list(dict.fromkeys([token, *(i for i, _ in items)]))
+        out.append(dict(zip(ids, at(ids, ctx), strict=True)))
+        ctx = [*ctx[1 - CONTEXT:], token]
+    return out
+
+
+def completion_logprobs(steps: Sequence[Step], strings: Sequence[dict[int, str]], shown: int | None,
+                        offset: int = 0) -> dict:
     """OpenAI's completions logprobs: tokens, token_logprobs (null at prompt position 0), top_logprobs (text ->
     logprob; where another token has the same text, the position's own token's logprob is kept, where vLLM's dict
-    keeps the later one's), text_offset (from `offset`: the text already sent).
-    `shown`: the dict entries shown per position, vLLM's `logprobs` + 1 (the token and the most likely); None: all
-    (logprob_token_ids)."""
-    ids = [t for t, _, items in steps for t in (t, *(i for i, _ in items))]
-    text = dict(zip(ids, texts(ids), strict=True))
+    keeps the later one's), text_offset (from `offset`: the text already sent, advancing by each token's string).
+    `strings`: step_strings of `steps`. `shown`: the dict entries shown per position, vLLM's `logprobs` + 1 (the
+    token and the most likely); None: all (logprob_token_ids)."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    for token, lp, items in steps:
+    for (token, lp, items), text in zip(steps, strings, strict=True):
         tokens.append(text[token])
         token_logprobs.append(None if lp is None else clamp(lp))
         top = None
@@ -74,23 +92,23 @@ def completion_logprobs(steps: Sequence[Step], texts: TokenTexts, shown: int | N
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def prompt_logprobs_json(plp: PromptLogprobs | None, texts: TokenTexts) -> list[dict | None] | None:
+def prompt_logprobs_json(plp: PromptLogprobs | None, strings: TokenStrings) -> list[dict | None] | None:
     """vLLM's `prompt_logprobs`: per position None at 0, else {token ID (a string, as JSON keys are): {"logprob",
     "rank", "decoded_token"}}: the prompt's token first (its rank: how many tokens are at least as likely), then the
-    k most likely with ranks 1..k (the prompt's token keeps its place when it is one of them, with their entry)."""
+    k most likely with ranks 1..k (the prompt's token keeps its place when it is one of them, with their entry).
+    decoded_token is vLLM's decoded text, with return_tokens_as_token_ids too."""
     if plp is None:
         return None
     entries = plp.entries()
-    ids = [t for e in entries if e is not None for t in (e[0], *(i for i, _ in e[3]))]
-    decoded = dict(zip(ids, texts(ids), strict=True))
+    decoded = step_strings(prompt_steps(plp), strings, decoded=True)
     out: list[dict | None] = []
-    for e in entries:
+    for e, text in zip(entries, decoded, strict=True):
         if e is None:
             out.append(None)
             continue
         token, lp, rank, tops = e
-        position = {str(token): {"logprob": clamp(lp), "rank": rank, "decoded_token": decoded[token]}}
+        position = {str(token): {"logprob": clamp(lp), "rank": rank, "decoded_token": text[token]}}
         for r, (tid, tlp) in enumerate(tops, 1):
-            position[str(tid)] = {"logprob": clamp(tlp), "rank": r, "decoded_token": decoded[tid]}
+            position[str(tid)] = {"logprob": clamp(tlp), "rank": r, "decoded_token": text[tid]}
         out.append(position)
     return out

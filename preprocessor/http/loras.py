@@ -6,6 +6,8 @@ replica."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
@@ -15,25 +17,26 @@ from preprocessor.engine_link import EngineLink
 from splice.errors import NotFound, SpliceError
 
 
-async def served(link: EngineLink, model: str | None) -> tuple[PreprocessorCore, str]:
-    """(the core, the adapter's name or "" for the base model) of a request's `model` (None: the base)."""
+async def served(link: EngineLink, names: tuple[str, ...], model: str | None) -> tuple[PreprocessorCore, str]:
+    """(the core, the adapter's name or "" for the base model) of a request's `model`: one of the base model's served
+    `names` (vLLM's --served-model-name), an adapter's name, or None (the base)."""
     core = link.core()
-    if model is None or model == core.info.model:
+    if model is None or model in names:
         return core, ""
     try:
         return core, await link.loras.check(model)
     except NotFound:
         adapters = f" and its LoRA adapters {sorted(link.loras.adapters)}" if link.loras.adapters else ""
         raise NotFound(f"The model `{model}` does not exist: it is not served here; this server serves "
-                       f"{core.info.model!r}{adapters}") from None
+                       f"{', '.join(map(repr, names))}{adapters}", param="model") from None
     except SpliceError as exc:  # (the engine cannot be asked now)
-        raise NotFound(f"The model `{model}` does not exist: {exc.message}") from None
+        raise NotFound(f"The model `{model}` does not exist: {exc.message}", param="model") from None
 
 
-def adapter_cards(link: EngineLink, base: str, created: int) -> list[dict]:
-    """vLLM's /v1/models entries of the adapters: id the name, root its folder, parent the base model."""
-    return [{"id": name, "object": "model", "created": created, "owned_by": "splice", "root": path, "parent": base,
-             "max_model_len": None} for name, path in sorted(link.loras.adapters.items())]
+def adapter_cards(link: EngineLink, base: str, created: int, card: Callable[..., dict]) -> list[dict]:
+    """vLLM's /v1/models entries of the adapters (`card` makes one: id the name, root its folder, parent the base
+    model's first served name)."""
+    return [card(name, path, None, created, parent=base) for name, path in sorted(link.loras.adapters.items())]
 
 
 class LoadLoraAdapterRequest(BaseModel):

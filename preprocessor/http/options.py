@@ -39,6 +39,11 @@ class HttpOptions:
     body_idle_timeout: float = 30.0  # seconds a request body may stay silent while it is read (--upload-idle-timeout)
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
     allow_runtime_lora_updating: bool = False
+    # vLLM's --served-model-name: the names /v1/models lists and a request's `model` may be (the first in answers);
+    # empty: the model's own name
+    served_model_names: tuple[str, ...] = ()
+    return_tokens_as_token_ids: bool = False  # vLLM's flag: logprobs name tokens "token_id:N" unless a request says
+    prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage's cached_tokens
     media_hosts: frozenset[tuple[str, int]] = field(init=False, default=frozenset())  # allowed_media_domains, parsed
 
     def __post_init__(self) -> None:
@@ -52,5 +57,7 @@ class HttpOptions:
             raise ValueError(f"--upload-idle-timeout must be > 0, got {self.body_idle_timeout}")
         if self.max_connections < 1:
             raise ValueError(f"--http-max-connections must be >= 1, got {self.max_connections}")
+        if any(not name for name in self.served_model_names):
+            raise ValueError("--served-model-name takes nonempty names")
         object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in self.allowed_media_domains))
         object.__setattr__(self, "media_hosts", media_hosts(self.allowed_media_domains))

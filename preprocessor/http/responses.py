@@ -1,17 +1,29 @@
-"""GenerationChunks -> OpenAI's JSON: whole responses and SSE chunks of chat.completion / text_completion.
+"""GenerationChunks -> vLLM's JSON: whole responses and SSE chunks of chat.completion / text_completion, with the
+keys vLLM's have (its fields Splice has no use for are null, as vLLM's are by default).
 
 One Shape per endpoint holds what every chunk of a request repeats (id, created, model) and how a
 chunk's text and logprobs are spelled there; the stream and the non-streamed body are built from the
-same chunks, so their usage is the same numbers.
+same chunks, so their usage is the same numbers. As vLLM's, a streamed chunk holds only the keys vLLM sets in it
+(its JSON excludes unset fields): no `usage` key but on the usage chunk, `stop_reason` on a chat choice's final chunk
+only, `system_fingerprint` on the last message.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 
-from preprocessor.http.logprobs import clamp, completion_logprobs, output_steps, prompt_logprobs_json, prompt_steps
+from preprocessor.http.logprobs import (
+    clamp,
+    completion_logprobs,
+    output_steps,
+    prompt_logprobs_json,
+    prompt_steps,
+    step_strings,
+)
+from preprocessor.http.token_strings import CONTEXT, TokenStrings
 from preprocessor.outputs import GenerationChunk
 from preprocessor.tools.answer import ToolAnswer
 from preprocessor.tools.parsers import ToolParser
@@ -19,14 +31,25 @@ from preprocessor.tools.request import ToolRequest
 from splice.engine_output import Usage
 from splice.prompt_logprobs import PromptLogprobs
 
-TokenTexts = Callable[[Sequence[int]], list[str]]  # token IDs -> each token's own text (for logprobs)
+SYSTEM_FINGERPRINT = f"splice-{version('splice')}"
+# vLLM's response fields that Splice leaves null, as vLLM does unless asked (KV transfer, per-request metrics)
+NULL_FIELDS = {"service_tier": None, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+# ... and a chat message's (OpenAI's refusal, annotations, audio, function_call; vLLM's reasoning)
+NULL_MESSAGE_FIELDS = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
 
 
-def usage_json(usage: Usage | None) -> dict | None:
+def usage_json(usage: Usage | None, details: bool = False, whole: bool = True) -> dict | None:
+    """vLLM's usage. `details` (--enable-prompt-tokens-details): prompt_tokens_details.cached_tokens. `whole`: a
+    whole response's, whose details are null when not given (a streamed one leaves them out)."""
     if usage is None:
         return None
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    out: dict = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                 "completion_tokens": usage.completion_tokens}
+    if whole:
+        out.update(prompt_tokens_details=None, completion_tokens_details=None)
+    if details:
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return out
 
 
 def total_usage(usages: Mapping[int, Usage | None], n: int = 1) -> Usage | None:
@@ -35,8 +58,9 @@ def total_usage(usages: Mapping[int, Usage | None], n: int = 1) -> Usage | None:
     known = {i: u for i, u in usages.items() if u is not None}
     if not known:
         return None
-    return Usage(sum(u.prompt_tokens for i, u in known.items() if i % n == 0),
-                 sum(u.completion_tokens for u in known.values()))
+    first = [u for i, u in known.items() if i % n == 0]
+    return Usage(sum(u.prompt_tokens for u in first), sum(u.completion_tokens for u in known.values()),
+                 sum(u.cached_tokens for u in first))
 
 
 @dataclass
@@ -73,12 +97,14 @@ class Shape:
 
     request_id: str
     model: str
-    token_texts: TokenTexts
+    strings: TokenStrings  # how logprobs spell a token (vLLM's rule for pieces of a character; token IDs)
     logprobs: bool = False
     include_usage: bool = False  # stream_options.include_usage
     created: int = field(default_factory=lambda: int(time.time()))
-    # return_token_ids: each choice's prompt IDs as the engine got them (then each chunk carries its token IDs)
-    prompt_ids: Sequence[Sequence[int]] | None = None
+    # each prompt's IDs as the engine got them: shown with return_token_ids (then each chunk carries its token IDs),
+    # and on a streamed completions echo's first chunk (vLLM's)
+    prompt_ids: Sequence[Sequence[int]] = ()
+    return_ids: bool = False  # return_token_ids
     n: int = 1  # choices per prompt
     # logprob_token_ids: each token's alternatives are those tokens (all shown), not the most likely
     listed: bool = False
@@ -87,8 +113,10 @@ class Shape:
     echo_prompts: Sequence[str] | None = None
     echo_only: bool = False
     shown: int = 1  # completions: entries of each position's top_logprobs, vLLM's `logprobs` + 1
+    prompt_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens
     _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
-    _sent: dict[int, int] = field(default_factory=dict)  # choice -> characters of text streamed (text_offset)
+    _sent: dict[int, int] = field(default_factory=dict)  # choice -> characters of logprob tokens streamed (text_offset)
+    _context: dict[int, list[int]] = field(default_factory=dict)  # choice -> its last chosen tokens (streams)
     # prompt -> its prompt logprobs: they come on its choice 0 alone (once per prompt from the engine), and each of
     # its choices shows them (completions, vLLM's) or starts its echo with them
     _prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
@@ -129,10 +157,6 @@ class Shape:
             held += self.n * self.token_bytes(alternatives)
         return held
 
-    @property
-    def return_token_ids(self) -> bool:
-        return self.prompt_ids is not None
-
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
@@ -152,14 +176,24 @@ class Shape:
         choices = []
         for i, c in enumerate(collected):
             last = c.last
-            choice = self._whole_choice(i, self._note(i, c.joined()))
+            whole = self._note(i, c.joined())
+            choice = self._whole_choice(i, whole)
             choice.update(finish_reason=self._finish_reason(i, last),
-                          stop_reason=(last.stop_reason or None) if last else None)
-            choices.append(choice)
+                          stop_reason=last.stop_reason_json if last else None,
+                          token_ids=list(whole.token_ids) if self.return_ids else None)
+            choices.append(self._whole_choice_tail(i, choice))
         body = self._envelope(self.object_name, choices)
-        body["usage"] = usage_json(total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)},
-                                               self.n))
+        usage = total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)}, self.n)
+        body.update(NULL_FIELDS, system_fingerprint=SYSTEM_FINGERPRINT,
+                    usage=usage_json(usage, self.prompt_details))
         return body
+
+    def _whole_choice_tail(self, index: int, choice: dict) -> dict:
+        """vLLM's completions choice ends with its prompt's logprobs and IDs (null unless asked)."""
+        choice["prompt_logprobs"] = choice.pop("prompt_logprobs", None)
+        choice["prompt_token_ids"] = list(self.prompt_ids[index // self.n]) if self.return_ids else None
+        choice["routed_experts"] = None
+        return choice
 
     def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
         """The SSE chunk for one GenerationChunk of choice `index`; None when it carries nothing to send."""
@@ -167,20 +201,25 @@ class Shape:
         if chunk.prompt_logprobs is not None:  # (choice 0's first chunk: before its prompt's other choices' first)
             self._prompt_logprobs[index // self.n] = chunk.prompt_logprobs
         if not self._carries_text(index, chunk) and not chunk.final and not (self.logprobs and chunk.logprobs) and \
-                not (self.return_token_ids and chunk.token_ids) and not echoing:
+                not (self.return_ids and chunk.token_ids) and not echoing:
             return None
         choice = self._delta_choice(index, self._note(index, chunk) if echoing else chunk)
-        choice.update(finish_reason=self._finish_reason(index, chunk),
-                      stop_reason=(chunk.stop_reason or None) if chunk.final else None)
-        if self.return_token_ids:
-            choice["token_ids"] = list(chunk.token_ids)
+        choice["finish_reason"] = self._finish_reason(index, chunk)
         first = index not in self._opened
         self._opened.add(index)
+        self._stream_fields(choice, index, chunk, first)
         body = self._envelope(self.chunk_object, [choice])
-        self._stream_extras(body, index, first)
-        if self.include_usage:
-            body["usage"] = None
+        if chunk.final and not self.include_usage:  # vLLM's: on the last message (the usage chunk, when one follows)
+            body["system_fingerprint"] = SYSTEM_FINGERPRINT
         return body
+
+    def _stream_fields(self, choice: dict, index: int, chunk: GenerationChunk, first: bool) -> None:
+        """vLLM's completions chunk: its stop_reason, the prompt's IDs (on the choice's first chunk, with
+        return_token_ids or echo) and its token IDs (with return_token_ids), else null."""
+        shows_prompt = first and (self.return_ids or self.echo_prompts is not None)
+        choice["stop_reason"] = chunk.stop_reason_json if chunk.final else None
+        choice["prompt_token_ids"] = list(self.prompt_ids[index // self.n]) if shows_prompt else None
+        choice["token_ids"] = list(chunk.token_ids) if self.return_ids else None
 
     def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
         return bool(chunk.text)
@@ -188,26 +227,21 @@ class Shape:
     def _finish_reason(self, index: int, chunk: GenerationChunk | None) -> str | None:
         return _reason(chunk)
 
-    def _stream_extras(self, body: dict, index: int, first: bool) -> None:
-        """vLLM's completions put a choice's prompt_token_ids on its first chunk."""
-        if first and self.prompt_ids is not None:
-            body["choices"][0]["prompt_token_ids"] = list(self.prompt_ids[index // self.n])
-
     def first_chunks(self) -> list[dict]:
         return []
 
     def usage_chunk(self, usage: Usage | None) -> dict:
         body = self._envelope(self.chunk_object, [])
-        body["usage"] = usage_json(usage)
+        body.update(usage=usage_json(usage, self.prompt_details, whole=False), system_fingerprint=SYSTEM_FINGERPRINT)
         return body
 
-    def _tops(self, piece: GenerationChunk) -> list[list[tuple[str, float]]]:
-        """Each token's most likely alternatives as (text, logprob), most likely first ([] without top_logprobs)."""
-        n = len(piece.token_ids)
-        k = len(piece.top_ids) // n if n else 0
-        texts = self.token_texts(piece.top_ids) if k else []
-        return [list(zip(texts[i * k:(i + 1) * k], piece.top_logprobs[i * k:(i + 1) * k], strict=True))
-                for i in range(n)]
+    def _strings(self, index: int, steps: list) -> list[dict[int, str]]:
+        """The token strings of choice `index`'s next output steps, after the tokens it was shown before (a whole
+        answer: none)."""
+        before = self._context.get(index, [])
+        strs = step_strings(steps, self.strings, before)
+        self._context[index] = [*before, *(t for t, _, _ in steps)][-CONTEXT:]
+        return strs
 
     def _text(self, index: int, piece: GenerationChunk, echo: bool) -> str:
         if not echo:
@@ -215,39 +249,41 @@ class Shape:
         prompt = self.echo_prompts[index // self.n]
         return prompt if self.echo_only else prompt + piece.text
 
-    def _logprobs(self, piece: GenerationChunk, echo: bool = False, offset: int = 0) -> dict | None:
+    def _logprobs(self, index: int, piece: GenerationChunk, echo: bool = False) -> dict | None:
         """OpenAI's completions logprobs as vLLM makes them (http/logprobs.py): with `echo`, the prompt's tokens
-        first (the first without a logprob), then the generated ones (none with echo_only)."""
+        first (the first without a logprob), then the generated ones (none with echo_only); text_offset counts the
+        token strings streamed before."""
         if not self.logprobs:
             return None
-        steps = prompt_steps(piece.prompt_logprobs) if echo and piece.prompt_logprobs is not None else []
+        steps, strs = [], []
+        if echo and piece.prompt_logprobs is not None:
+            steps = prompt_steps(piece.prompt_logprobs)
+            strs = step_strings(steps, self.strings)
         if not (echo and self.echo_only):
-            steps += output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
-        return completion_logprobs(steps, self.token_texts, None if self.listed else self.shown, offset)
+            out = output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
+            steps += out
+            strs += self._strings(index, out)
+        sent = self._sent.get(index, 0)
+        logprobs = completion_logprobs(steps, strs, None if self.listed else self.shown, sent)
+        self._sent[index] = sent + sum(len(s[t]) for (t, _, _), s in zip(steps, strs, strict=True))
+        return logprobs
 
     def _prompt_json(self, index: int, plp: PromptLogprobs | None) -> list | None:
         """vLLM's prompt_logprobs of choice `index`'s prompt, made once and shown on each of its choices."""
         prompt = index // self.n
         if prompt not in self._prompt_logprobs_json:
-            self._prompt_logprobs_json[prompt] = prompt_logprobs_json(plp, self.token_texts)
+            self._prompt_logprobs_json[prompt] = prompt_logprobs_json(plp, self.strings)
         return self._prompt_logprobs_json[prompt]
 
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
         echo = self.echo_prompts is not None
-        choice = {"index": index, "text": self._text(index, whole, echo), "logprobs": self._logprobs(whole, echo),
-                  "prompt_logprobs": self._prompt_json(index, whole.prompt_logprobs)}
-        if self.prompt_ids is not None:
-            choice.update(prompt_token_ids=list(self.prompt_ids[index // self.n]), token_ids=list(whole.token_ids))
-        return choice
+        return {"index": index, "text": self._text(index, whole, echo), "logprobs": self._logprobs(index, whole, echo),
+                "prompt_logprobs": self._prompt_json(index, whole.prompt_logprobs)}
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
-        """With echo, a choice's first chunk starts with the prompt (its text, and its tokens' logprobs) as vLLM's;
-        text_offset counts the text streamed before."""
+        """With echo, a choice's first chunk starts with the prompt (its text, and its tokens' logprobs) as vLLM's."""
         echo = self.echo_prompts is not None and index not in self._opened
-        text = self._text(index, chunk, echo)
-        sent = self._sent.get(index, 0)
-        self._sent[index] = sent + len(text)
-        return {"index": index, "text": text, "logprobs": self._logprobs(chunk, echo, sent)}
+        return {"index": index, "text": self._text(index, chunk, echo), "logprobs": self._logprobs(index, chunk, echo)}
 
 
 @dataclass
@@ -268,10 +304,13 @@ class ChatShape(Shape):
     def response(self, collected: Sequence[Collected]) -> dict:
         body = super().response(collected)
         # vLLM's: on the response, not the choice (null when not asked)
-        body["prompt_logprobs"] = prompt_logprobs_json(self._prompt_logprobs.get(0), self.token_texts)
-        if self.prompt_ids is not None:
-            body["prompt_token_ids"] = list(self.prompt_ids[0])
+        body.update(prompt_logprobs=prompt_logprobs_json(self._prompt_logprobs.get(0), self.strings),
+                    prompt_token_ids=list(self.prompt_ids[0]) if self.return_ids else None, prompt_text=None)
         return body
+
+    def _whole_choice_tail(self, index: int, choice: dict) -> dict:
+        choice["routed_experts"] = None
+        return choice
 
     def prompt_position_bytes(self, k: int, alternatives: int) -> int:
         """Chat shows the prompt logprobs once, on the response."""
@@ -285,38 +324,41 @@ class ChatShape(Shape):
         for i in range(self.n):
             body = self._envelope(self.chunk_object, [{"index": i, "delta": {"role": self.role, "content": ""},
                                                        "logprobs": None, "finish_reason": None}])
-            if self.prompt_ids is not None:
-                body["prompt_token_ids"] = list(self.prompt_ids[0])
+            body.update(prompt_token_ids=list(self.prompt_ids[0]) if self.return_ids else None, prompt_text=None)
             out.append(body)
         if self.echo:
             out += [self._envelope(self.chunk_object, [{"index": i, "delta": {"content": self.echo},
                                                         "logprobs": None, "finish_reason": None}])
                     for i in range(self.n)]
-        if self.include_usage:
-            for b in out:
-                b["usage"] = None
         return out
 
-    def _stream_extras(self, body: dict, index: int, first: bool) -> None:
-        pass  # the prompt's IDs went out with the role
+    def _stream_fields(self, choice: dict, index: int, chunk: GenerationChunk, first: bool) -> None:
+        """vLLM's chat chunk: stop_reason on a choice's final chunk only; its token IDs (null unless asked). The
+        prompt's IDs went out with the role."""
+        if chunk.final:
+            choice["stop_reason"] = chunk.stop_reason_json
+        choice["token_ids"] = list(chunk.token_ids) if self.return_ids else None
 
-    def _logprobs(self, piece: GenerationChunk, echo: bool = False, offset: int = 0) -> dict | None:
-        """OpenAI's chat logprobs: each token with its `top_logprobs` most likely alternatives, most likely first;
-        with logprob_token_ids, vLLM's: the chosen token, then the listed ones (each ID once)."""
+    def _logprobs(self, index: int, piece: GenerationChunk, echo: bool = False) -> dict | None:
+        """OpenAI's chat logprobs as vLLM's: each token, then the first `top_logprobs` entries of its position's dict
+        (the chosen token first: http/logprobs.py); with logprob_token_ids, the chosen token and the listed ones.
+        A token's `bytes` spell its decoded text (the chosen one's even with return_tokens_as_token_ids, as vLLM's);
+        an alternative's spell its string."""
         if not self.logprobs:
             return None
-        if self.listed:
-            steps = output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
-            ids = [i for _, _, items in steps for i, _ in items]
-            text = dict(zip(ids, self.token_texts(ids), strict=True))
-            tops = [[(text[i], clamp(v)) for i, v in items] for _, _, items in steps]
-        else:
-            tops = self._tops(piece)
-        # (clamped: a structured output's mask leaves -inf alternatives, which JSON cannot hold)
-        content = [{"token": t, "logprob": clamp(lp), "bytes": list(t.encode()),
-                    "top_logprobs": [{"token": a, "logprob": clamp(alp), "bytes": list(a.encode())}
-                                     for a, alp in alts]}
-                   for t, lp, alts in zip(self.token_texts(piece.token_ids), piece.logprobs, tops, strict=False)]
+        k = len(piece.top_ids) // len(piece.token_ids) if piece.token_ids else 0
+        steps = output_steps(piece.token_ids, piece.logprobs, piece.top_ids, piece.top_logprobs)
+        context = list(self._context.get(index, ()))
+        strs = self._strings(index, steps)
+        content = []
+        for (token, lp, items), text in zip(steps, strs, strict=True):
+            shown = items if self.listed else items[:k]
+            decoded = self.strings.decoded([token], context)[0] if self.strings.as_ids else text[token]
+            # (clamped: a structured output's mask leaves -inf alternatives, which JSON cannot hold)
+            content.append({"token": text[token], "logprob": clamp(lp), "bytes": list(decoded.encode()),
+                            "top_logprobs": [{"token": text[i], "logprob": clamp(v), "bytes": list(text[i].encode())}
+                                             for i, v in shown]})
+            context = [*context, token][-CONTEXT:]
         return {"content": content}
 
     def _answer(self, index: int) -> ToolAnswer:
@@ -325,16 +367,16 @@ class ChatShape(Shape):
         return self._answers[index]
 
     def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
-        message: dict = {"role": self.role, "content": self.echo + whole.text}
+        message: dict = {"role": self.role, "content": self.echo + whole.text, **NULL_MESSAGE_FIELDS}
         if self.tools is not None:
             answer = self._answer(index).whole(whole.text, _reason(whole))
             self._deltas[index] = ({}, answer.finish_reason)
             content = answer.content if answer.content is None else self.echo + answer.content
-            message.update(content=content, tool_calls=[c.json() for c in answer.calls])
-        choice = {"index": index, "message": message, "logprobs": self._logprobs(whole)}
-        if self.prompt_ids is not None:
-            choice["token_ids"] = list(whole.token_ids)
-        return choice
+            message["content"] = content
+            if answer.calls:  # (vLLM's message has no tool_calls key when there are none)
+                message["tool_calls"] = [c.json() for c in answer.calls]
+        message["reasoning"] = None
+        return {"index": index, "message": message, "logprobs": self._logprobs(index, whole)}
 
     def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
         if self.tools is None:
@@ -349,9 +391,11 @@ class ChatShape(Shape):
 
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
         if self.tools is not None:
-            return {"index": index, "delta": self._deltas[index][0], "logprobs": self._logprobs(chunk)}
-        delta = {"content": chunk.text} if chunk.text else {}
-        return {"index": index, "delta": delta, "logprobs": self._logprobs(chunk)}
+            return {"index": index, "delta": self._deltas[index][0], "logprobs": self._logprobs(index, chunk)}
+        # vLLM's: a chunk without text has no content key when the server runs a tool parser (its deltas then go
+        # through the parser, which gives none), else "content": ""
+        delta = {"content": chunk.text} if chunk.text or self.tool_parser is None else {}
+        return {"index": index, "delta": delta, "logprobs": self._logprobs(index, chunk)}
 
 
 def _reason(chunk: GenerationChunk | None) -> str | None:

@@ -157,6 +157,8 @@ class ChatMessage(_Body):
 
 
 class StreamOptions(_Body):
+    model_config = ConfigDict(extra="allow")  # (kept: any option set asks for a stream)
+
     include_usage: bool = False
 
 
@@ -206,6 +208,8 @@ class GenerationFields(_Request):
     # vLLM's: the prefix cache reuses a prefix only between requests with the same salt (SamplingParams checks it:
     # non-empty, bounded)
     cache_salt: str | None = None
+    # vLLM's: logprobs name each token "token_id:N" (None: the server's --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(GenerationFields):

@@ -130,7 +130,7 @@ async def _events(first: tuple[int, GenerationChunk], chunks: Indexed, shape: Sh
         yield _event(splice_error_body(exc)[1])
     except Exception as exc:  # a bug, not the request's fault: still an error event and [DONE], never a cut stream
         log.exception("a streamed answer failed")
-        yield _event(error_body(500, f"internal error: {type(exc).__name__}", "INTERNAL"))
+        yield _event(error_body(500, f"internal error: {type(exc).__name__}"))
     finally:
         await chunks.aclose()
     yield DONE

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from preprocessor.outputs import GenerationChunk
 from preprocessor.tools.calls import Extracted, ToolCall
@@ -36,14 +36,41 @@ class Answer:
 
 
 # The JSON grammars (xgrammar's, as vLLM's) let a string hold raw control characters, which JSON forbids: a call's
-# arguments escape them, so that every client's JSON parser reads them. Outside strings the grammar writes none
-# (no free whitespace), so each one met is inside a string, and escaping it is local: it works on a stream too.
+# arguments escape them, so that every client's JSON parser reads them. Between tokens the grammar may write JSON's
+# own whitespace (tab, newline, carriage return), which stays: only characters inside strings are escaped, the
+# scanner's state carried from one piece of a stream to the next.
 _CONTROLS = {c: json.dumps(chr(c))[1:-1] for c in range(0x20)}
 
 
+class JsonEscaper:
+    """A constrained answer's JSON text, piece by piece, with the control characters inside its strings escaped."""
+
+    def __init__(self) -> None:
+        self._in_string = False
+        self._escaped = False  # the previous character inside a string was a backslash
+
+    def __call__(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+                elif ch < " ":
+                    out.append(_CONTROLS[ord(ch)])
+                    continue
+            elif ch == '"':
+                self._in_string = True
+            out.append(ch)
+        return "".join(out)
+
+
 def json_text(text: str) -> str:
-    """A constrained answer's JSON text with the control characters inside its strings escaped."""
-    return text.translate(_CONTROLS)
+    """A whole constrained answer's JSON text with the control characters inside its strings escaped."""
+    return JsonEscaper()(text)
 
 
 def _required(text: str) -> Extracted:
@@ -64,6 +91,7 @@ class ToolAnswer:
     _text: str = ""
     _sent: int = 0  # characters of _text sent as content (streaming)
     _opened: bool = False  # a named call's first delta went out
+    _escape: JsonEscaper = field(default_factory=JsonEscaper)  # a named call's arguments, streamed
 
     def _extract(self, text: str) -> Extracted:
         if self.request.choice == "auto" and self.parser is not None:
@@ -121,10 +149,10 @@ class ToolAnswer:
         calls = []
         if not self._opened:
             self._opened = True
-            first = ToolCall(self.request.name or "", json_text(text))
+            first = ToolCall(self.request.name or "", self._escape(text))
             calls.append({"index": 0, **first.json()})
         elif text:
-            calls.append({"index": 0, "function": {"arguments": json_text(text)}})
+            calls.append({"index": 0, "function": {"arguments": self._escape(text)}})
         return ({"tool_calls": calls} if calls else {}), reason
 
 

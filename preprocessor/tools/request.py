@@ -75,7 +75,15 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
             jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except jsonschema.SchemaError as exc:
             raise InvalidArgument(f"{where}.function.parameters is not a valid JSON schema: {exc.message}") from None
-    return json.loads(json.dumps({"type": "function", "function": dict(function)}))  # a deep copy of plain JSON
+    # as vLLM gives the template a tool (its pydantic models dumped): description and parameters always there (null
+    # when absent), strict and defer_loading only when set, nothing else
+    shaped: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
+    shaped.update({k: function[k] for k in ("strict", "defer_loading") if function.get(k) is not None})
+    shaped_tool: dict[str, Any] = {"type": "function", "function": shaped}
+    if tool.get("defer_loading") is not None:  # (vLLM's: the function's own unless it has one)
+        shaped_tool["defer_loading"] = tool["defer_loading"]
+        shaped.setdefault("defer_loading", tool["defer_loading"])
+    return json.loads(json.dumps(shaped_tool))  # a deep copy of plain JSON
 
 
 def _choice(tool_choice: Any) -> tuple[str, str | None]:

@@ -242,3 +242,21 @@ async def test_each_of_n_choices_follows_the_grammar_with_its_own_matcher(text_e
     for text in answers:
         jsonschema.validate(json.loads(text, strict=False), SCHEMA)
     assert len(set(answers)) > 1  # (each choice samples with its own seed)
+
+
+async def test_json_allows_any_whitespace_unless_disabled(tokenizer):
+    """xgrammar's default and vLLM's: any whitespace JSON allows between tokens; disable_any_whitespace (vLLM's switch:
+    a server flag, a request's structured_outputs field) allows none, "," and ":" the separators."""
+    import xgrammar as xgr
+
+    from splice.grammar_cache import GrammarCache
+
+    cache = GrammarCache(lambda: tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    spaced = ('{ "city" : "Paris" }', '{\n"city": "Paris"\n}', '{"city": "Paris"}')
+    for kind, spec in (("json", schema), ("json_object", "")):
+        for disabled in (False, True):
+            compiled = await cache.get(StructuredOutput(kind, spec, disabled))
+            assert xgr.GrammarMatcher(compiled).accept_string('{"city":"Paris"}')
+            assert [xgr.GrammarMatcher(compiled).accept_string(s) for s in spaced] == [not disabled] * 3
+    cache.close()

@@ -18,6 +18,20 @@ from pathlib import Path
 UP_LINE = re.compile(r"^splice up: preprocessor \(public API\) on (\S+:\d+)\S*.* engine on (\S+:\d+)")
 
 
+def children(parent: int) -> dict[int, str]:
+    """The running (not zombie) processes whose parent is `parent`: pid -> command line."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            out[int(stat.parent.name)] = cmdline
+    return out
+
+
 class Up:
     def __init__(self, *args: str, model: str = "tiny-idefics3", env: dict[str, str] | None = None) -> None:
         """Starts `splice up --model MODEL --quiet ARGS...` (env: added to this process's environment)."""
@@ -63,14 +77,9 @@ class Up:
 
     def child(self, service: str) -> tuple[int, str]:
         """(pid, command line) of the running `splice SERVICE` this `splice up` started."""
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if int(fields[1]) == self.proc.pid and f"app.cli {service}" in cmdline and fields[0] != "Z":
-                return int(stat.parent.name), cmdline
+        for pid, cmdline in children(self.proc.pid).items():
+            if f"app.cli {service}" in cmdline:
+                return pid, cmdline
         raise AssertionError(f"no {service} child of {self.proc.pid}")
 
     def stop(self, timeout: float = 90) -> int:

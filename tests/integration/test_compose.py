@@ -35,7 +35,8 @@ def _free_port() -> int:
 
 
 def _expand(value: str) -> str:
-    """Compose's ${VAR:-default} and ${VAR:?error} interpolation against this environment."""
+    """Compose's ${VAR:-default} and ${VAR:?error} interpolation against this environment, nested ones innermost
+    first."""
     def one(match: re.Match) -> str:
         name, kind, text = match.groups()
         if os.environ.get(name):
@@ -44,7 +45,9 @@ def _expand(value: str) -> str:
             raise KeyError(f"{name}: {text}")
         return text
 
-    return re.sub(r"\$\{(\w+):([-?])([^}]*)\}", one, value)
+    while (expanded := re.sub(r"\$\{(\w+):([-?])([^}$]*)\}", one, value)) != value:
+        value = expanded
+    return value
 
 
 def _localize(argv: list[str], ports: dict[str, int], hosts: dict[str, list[str]]) -> list[str]:

@@ -66,7 +66,7 @@ def _chat(http: httpx.Client, **body) -> httpx.Response:
 def _refused(response: httpx.Response, message: str) -> None:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["code"] == "INVALID_ARGUMENT" and error["message"].startswith(message), error
+    assert error["code"] == 400 and error["message"].startswith(message), error
 
 
 def _grpc_chat(stub, **fields) -> list[preprocessor_pb2.GenerationChunk]:
@@ -130,7 +130,8 @@ def test_a_model_call_too_deep_to_parse_is_content_whole_streamed_and_over_grpc(
         reply = http.post("/v1/chat/completions", json={**body, "n": n})
         assert reply.status_code == 200, reply.text
         for choice in reply.json()["choices"]:
-            assert choice["message"]["content"] == "<tool_call>" + "[" * 1500 and not choice["message"]["tool_calls"]
+            message = choice["message"]  # (vLLM's: no tool_calls key when there is no call)
+            assert message["content"] == "<tool_call>" + "[" * 1500 and not message.get("tool_calls")
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
         events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)  # (cut mid-body before)

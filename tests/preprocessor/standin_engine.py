@@ -54,8 +54,13 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.abort)
         try:
             i = 0
+            sampling = request.sampling
             while self.forever or i < len(self.reply_ids):
-                yield engine_pb2.GenerateResponse(token_ids=[self.reply_ids[i % len(self.reply_ids)]])
+                token = self.reply_ids[i % len(self.reply_ids)]
+                # asked for logprobs: -0.5 for each token, and itself as its every alternative
+                k = sampling.top_logprobs if sampling.logprobs else 0
+                yield engine_pb2.GenerateResponse(token_ids=[token], logprobs=[-0.5] if sampling.logprobs else [],
+                                                  top_token_ids=[token] * k, top_logprobs=[-0.5] * k)
                 i += 1
                 await asyncio.sleep(self.delay)
             yield engine_pb2.GenerateResponse(

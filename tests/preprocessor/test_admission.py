@@ -49,11 +49,11 @@ async def test_caps_on_requests_and_bytes_across_both_faces(tiny_dirs, tiny):
         # Requests: two endless streams (one per face) take both places; a third request on either face waits
         # for nothing and is refused; closing the streams gives the places back.
         chat = pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="Hi")],
-                              sampling=common_pb2.SamplingParams(max_tokens=100000))
+                              sampling=common_pb2.SamplingParams(max_tokens=2000))
         first = stub.Chat(chat)
         await first.read()
         second = http.stream("POST", "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 100000})
+            "messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 2000})
         response = await second.__aenter__()
         assert response.status_code == 200
         lines = response.aiter_lines()  # kept: a dropped line iterator closes the response

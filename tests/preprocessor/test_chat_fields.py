@@ -45,13 +45,13 @@ async def test_return_token_ids(tiny_dirs, tiny):
             sent = next(r for r in face.engine.requests if r.request_id.endswith(f"-{i}"))
             assert choice["prompt_token_ids"] == list(sent.token_ids) and choice["token_ids"] == reply
         plain = (await face.http.post("/v1/completions", json={"prompt": "Once", "max_tokens": 8})).json()
-        assert "token_ids" not in plain["choices"][0] and plain["choices"][0]["prompt_logprobs"] is None
+        assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["prompt_logprobs"] is None
 
         r = await face.http.post("/v1/completions", json={"prompt": "Once", "max_tokens": 8, "stream": True,
                                                           "return_token_ids": True})
         chunks = [e["choices"][0] for e in _events(r.text)]
         assert chunks[0]["prompt_token_ids"] == list(face.engine.requests[-1].token_ids)
-        assert all("prompt_token_ids" not in c for c in chunks[1:])
+        assert all(c["prompt_token_ids"] is None for c in chunks[1:])
         assert [t for c in chunks for t in c["token_ids"]] == reply
 
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "return_token_ids": True}
@@ -67,7 +67,8 @@ async def test_echo_and_the_answers_role(tiny_dirs, tiny):
     async with http_face(tiny_dirs, tiny, "tiny-text") as face:
         body = {"messages": PREFILL, "max_tokens": 8, "add_generation_prompt": False, "echo": True}
         message = (await face.http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
-        assert message == {"role": "assistant", "content": "The answer is" + REPLY}
+        assert message == {"role": "assistant", "content": "The answer is" + REPLY, "refusal": None,
+                           "annotations": None, "audio": None, "function_call": None, "reasoning": None}
         events = _events((await face.http.post("/v1/chat/completions", json={**body, "stream": True})).text)
         assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert events[1]["choices"][0]["delta"] == {"content": "The answer is"}
@@ -146,6 +147,7 @@ HTTP_ONLY = {
     "echo": "the caller holds the text it sent",
     "return_token_ids": "gRPC chunks always carry token IDs; Tokenize gives the prompt's",
     "max_completion_tokens": "OpenAI's newer name of SamplingParams.max_tokens",
+    "return_tokens_as_token_ids": "how the JSON spells logprobs' tokens; gRPC chunks carry their IDs",
 }
 
 

@@ -37,7 +37,8 @@ async def test_each_prompt_embeds_item_is_its_own_choice(tiny_dirs, tiny):
         body = await _complete(face, prompt_embeds=[vllm_base64(a), vllm_base64(b)], request_id="batch")
         assert [c["index"] for c in body["choices"]] == [0, 1]
         assert all(c["text"] == "All good." and c["prompt_logprobs"] is None for c in body["choices"])
-        assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 2 * REPLY, "total_tokens": 8 + 2 * REPLY}
+        assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 2 * REPLY, "total_tokens": 8 + 2 * REPLY,
+                                 "prompt_tokens_details": None, "completion_tokens_details": None}
         # one engine request per item, in order, each holding only its own rows
         requests = sorted(face.engine.requests, key=lambda r: r.request_id)
         assert [r.request_id for r in requests] == ["batch-0", "batch-1"]
@@ -109,7 +110,7 @@ async def test_one_bad_prompt_refuses_the_batch_before_any_reaches_the_engine(ti
 
 async def test_a_client_that_goes_away_aborts_every_prompt_of_its_batch(tiny_dirs, tiny):
     async with http_face(tiny_dirs, tiny, MODEL, forever=True, delay=0.01) as face:
-        body = {"prompt": ["Once upon", "a time"], "max_tokens": 10_000, "stream": True, "request_id": "gone"}
+        body = {"prompt": ["Once upon", "a time"], "max_tokens": 2000, "stream": True, "request_id": "gone"}
         seen: set[int] = set()
         async with face.http.stream("POST", "/v1/completions", json=body) as r:
             async for line in r.aiter_lines():

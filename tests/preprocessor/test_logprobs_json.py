@@ -10,7 +10,14 @@ import pytest
 
 import splice.prompt_logprobs as wire
 from clients.types import ChunkReader
-from preprocessor.http.logprobs import completion_logprobs, output_steps, prompt_logprobs_json, prompt_steps
+from preprocessor.http.logprobs import (
+    completion_logprobs,
+    output_steps,
+    prompt_logprobs_json,
+    prompt_steps,
+    step_strings,
+)
+from preprocessor.http.token_strings import TokenStrings
 from preprocessor.outputs import GenerationChunk
 from splice.engine_output import FinishReason, Usage
 from splice.prompt_logprobs import PromptLogprobs
@@ -22,27 +29,30 @@ def texts(ids):
     return [TEXTS[i] for i in ids]
 
 
+STRINGS = TokenStrings(texts, lambda ids: "".join(texts(ids)))
+
+
 # prompt <s> A cat sat; k = 2: at position 2 the prompt's token (6) is the most likely, at 3 it is not among the two
 PLP = PromptLogprobs((1, 5, 6, 7), (-2.0, -0.5, -3.0), (4, 1, 7), (10, 5, 6, 8, 8, 9), (-1.0, -2.0, -0.5, -1.5,
                                                                                          -0.25, -1.0))
 
 
 def test_prompt_logprobs_json_is_vllms_dict_per_position():
-    got = prompt_logprobs_json(PLP, texts)
+    got = prompt_logprobs_json(PLP, STRINGS)
     assert got[0] is None and len(got) == 4
     assert list(got[1]) == ["5", "10"]  # the prompt's token first (rank 4), then the most likely; 5 is rank 2 there
     assert got[1]["5"] == {"logprob": -2.0, "rank": 2, "decoded_token": "A"}  # the top-k entry overwrites it
     assert got[1]["10"] == {"logprob": -1.0, "rank": 1, "decoded_token": "A"}
     assert list(got[2]) == ["6", "8"] and got[2]["6"]["rank"] == 1
     assert list(got[3]) == ["7", "8", "9"] and got[3]["7"] == {"logprob": -3.0, "rank": 7, "decoded_token": " sat"}
-    assert prompt_logprobs_json(None, texts) is None
+    assert prompt_logprobs_json(None, STRINGS) is None
     low = PromptLogprobs((1, 5), (-math.inf,), (9,), (), ())
-    assert prompt_logprobs_json(low, texts)[1]["5"]["logprob"] == -9999.0  # JSON has no -inf; vLLM's stand-in
+    assert prompt_logprobs_json(low, STRINGS)[1]["5"]["logprob"] == -9999.0  # JSON has no -inf; vLLM's stand-in
 
 
 def test_completion_logprobs_with_echoed_prompt_then_generated_tokens():
     steps = prompt_steps(PLP) + output_steps((8, 9), (-0.25, -1.0), (8, 9, 9, 5), (-0.25, -2.0, -1.0, -3.0))
-    got = completion_logprobs(steps, texts, shown=2)  # logprobs=1: the token and the most likely
+    got = completion_logprobs(steps, step_strings(steps, STRINGS), shown=2)  # logprobs=1: the token and the most likely
     assert got["tokens"] == ["<s>", "A", " cat", " sat", " dog", "!"]
     assert got["token_logprobs"] == [None, -2.0, -0.5, -3.0, -0.25, -1.0]
     assert got["top_logprobs"][0] is None
@@ -51,9 +61,10 @@ def test_completion_logprobs_with_echoed_prompt_then_generated_tokens():
     assert list(got["top_logprobs"][3].items()) == [(" sat", -3.0), (" dog", -0.25)]
     assert got["top_logprobs"][5] == {"!": -1.0, "A": -3.0}  # the chosen is the most likely: its 2 alternatives
     assert got["text_offset"] == [0, 3, 4, 8, 12, 16]
-    streamed = completion_logprobs(steps[4:], texts, shown=2, offset=16)
+    streamed = completion_logprobs(steps[4:], step_strings(steps[4:], STRINGS), shown=2, offset=16)
     assert streamed["text_offset"] == [16, 20]
-    listed = completion_logprobs(output_steps((8,), (-0.25,), (9, 6, 9), (-1.0, -4.0, -1.0)), texts, shown=None)
+    listed_steps = output_steps((8,), (-0.25,), (9, 6, 9), (-1.0, -4.0, -1.0))
+    listed = completion_logprobs(listed_steps, step_strings(listed_steps, STRINGS), shown=None)
     assert listed["top_logprobs"] == [{" dog": -0.25, "!": -1.0, " cat": -4.0}]  # all of them, the chosen first
 
 

@@ -30,7 +30,10 @@ def _chat(**fields) -> SamplingParams:
     ({"structured_outputs": {"regex": "[ab]+"}}, StructuredOutput("regex", "[ab]+")),
     ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutput("choice", '["a", "b"]')),
     ({"structured_outputs": {"grammar": 'root ::= "a"'}}, StructuredOutput("grammar", 'root ::= "a"')),
-    ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}}, StructuredOutput("json_object")),
+    ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
+     StructuredOutput("json_object", disable_any_whitespace=True)),
+    ({"structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": False}},
+     StructuredOutput("json", '{"type": "object"}')),
     ({"guided_json": SCHEMA}, StructuredOutput("json", json.dumps(SCHEMA))),
     ({"guided_regex": "x+"}, StructuredOutput("regex", "x+")),
     ({"guided_choice": ["yes", "no"]}, StructuredOutput("choice", '["yes", "no"]')),
@@ -90,3 +93,31 @@ def test_structural_tags_in_vllms_legacy_and_xgrammars_format(tag):
         _chat(response_format={"type": "structural_tag", "format": {"type": "nope"}})
     with pytest.raises(InvalidArgument, match="each structure needs begin, schema and end"):
         _chat(response_format={"type": "structural_tag", "structures": [{"begin": "<f>"}], "triggers": []})
+
+
+async def test_the_servers_disable_any_whitespace_reaches_every_json_grammar(tiny):
+    """vLLM's --structured-outputs-config.disable_any_whitespace: the preprocessor's flag makes every request's JSON
+    grammar strict (a request may ask for it alone); other grammars are left as they are."""
+    import argparse
+
+    from preprocessor import cli
+    from preprocessor.core import PreprocessorCore
+    from tests.preprocessor.pp_factories import conversation
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    for flags, strict in (([], False), (["--structured-outputs-config", '{"disable_any_whitespace": true}'], True),
+                          (["--structured-outputs-config.disable_any_whitespace", "true"], True)):
+        assert cli.limits_from_args(parser.parse_args(flags)).disable_any_whitespace is strict
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--structured-outputs-config", '{"backend": "outlines"}'])
+
+    files, info = tiny["tiny-text"]
+    for strict in (False, True):
+        core = PreprocessorCore(files, info, limits=cli.limits_from_args(parser.parse_args(
+            ["--structured-outputs-config.disable_any_whitespace", str(strict).lower()])))
+        for so in (StructuredOutput("json", json.dumps(SCHEMA)), StructuredOutput("json_object"),
+                   StructuredOutput("regex", "a+")):
+            prepared = await core.prepare_chat(conversation(("user", "Hi")), SamplingParams(structured=so))
+            sent = prepared.prompts[0].request.sampling.structured
+            assert sent.disable_any_whitespace is (strict and so.kind != "regex")

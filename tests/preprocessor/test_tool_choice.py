@@ -106,9 +106,11 @@ def test_server_settings():
         ToolSettings("nope")
 
 
-def test_control_characters_in_constrained_arguments_come_out_escaped():
+@pytest.mark.parametrize("raw", ['{"city": "Pa\tri\x01s"}',
+                                 # JSON's own whitespace between tokens (the grammars' default) stays as it is
+                                 '{\n\t"city"\r\n :\t"Pa\tri\x01s" \n}'])
+def test_control_characters_in_constrained_arguments_come_out_escaped(raw):
     # xgrammar's JSON strings admit raw control characters (a random model writes them); JSON does not
-    raw = '{"city": "Pa\tri\x01s"}'
     named = ToolAnswer(tool_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None, AUTO))
     assert json.loads(named.whole(raw, "stop").calls[0].arguments) == {"city": "Pa\tri\x01s"}
     streamed = ToolAnswer(tool_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None,

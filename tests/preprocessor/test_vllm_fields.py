@@ -47,7 +47,7 @@ INERT = {
 ASKING = {  # a value of each NOT_SERVED field that asks for something
     "priority": 5, "thinking_token_budget": 64,
     "repetition_detection": {"max_pattern_size": 8}, "media_io_kwargs": {"image": {"mode": "L"}},
-    "truncation_side": "left", "watermarking": True, "return_tokens_as_token_ids": True, "return_token_offsets": True,
+    "truncation_side": "left", "watermarking": True, "return_token_offsets": True,
     "return_prompt_text": True, "return_weight_versions": True, "return_mm_kwargs": True, "mm_payload": "none",
     "routed_experts_prompt_start": 3, "kv_transfer_params": {"do_remote_prefill": True},
     "ec_transfer_params": {"x": 1}, "vllm_xargs": {"k": "v"}, "stream_interval": 4,
