@@ -28,6 +28,7 @@ from bench.wire_floor import Floor
 from clients import AsyncSpliceClient, image_part, text_part
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from preprocessor.answer import chat
 from preprocessor.content import Conversation, Message, Text, Where
 from preprocessor.content import Image as ImagePart
 from preprocessor.core import PreprocessorCore
@@ -62,7 +63,7 @@ async def main() -> None:
 
                 async def direct() -> float:
                     start = time.perf_counter()
-                    async for _ in core.chat(conv, sampling):
+                    async for _ in chat(core, conv, sampling):
                         return time.perf_counter() - start
                     raise RuntimeError("no chunk")
 

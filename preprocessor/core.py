@@ -1,6 +1,8 @@
-"""The preprocessor core: Chat, Complete, Tokenize, Detokenize, GetModelInfo on plain dataclasses.
+"""The preprocessor core: a request prepared for the engine (normalized, every refusal made) and its choices'
+streams from the engine (generate); Tokenize, Detokenize and GetModelInfo. answer.py makes a request's answer of
+these, for both faces.
 
-No grpc here. It is built from the model files and the engine's ModelInfo, so tests construct it
+No grpc and no JSON here. It is built from the model files and the engine's ModelInfo, so tests construct it
 from a tiny model's config without an engine process.
 """
 
@@ -26,6 +28,7 @@ from preprocessor.request_bounds import check_conversation, check_prompt, check_
 from preprocessor.stream import EngineBackend, EosIds, stream_generation
 from preprocessor.template import RenderJob, check_template_policy, request_job
 from preprocessor.template_sandbox import TemplateSandbox
+from preprocessor.token_strings import TokenStrings
 from preprocessor.tools.parsers import get_parser
 from splice.errors import InvalidArgument
 from splice.grammar import WHITESPACE_KINDS
@@ -69,6 +72,7 @@ class Prepared:
     endpoint: str  # "chat" / "complete", for the metrics
     prompts: tuple[Normalized, ...]
     arrival: float  # time.perf_counter() when the request arrived
+    request_id: str  # the caller's or a new one (each of several prompts' engine requests: request_id-i)
 
     @property
     def choices_per_prompt(self) -> int:
@@ -168,10 +172,11 @@ class PreprocessorCore:
             _inline(p for m in conv.messages for p in m.parts)
         await inline_or_thread(inline, self._check_chat, conv, sampling)
         rendered = await self._prerendered(conv)
-        normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, request_id, False, rendered)
+        rid = self._request_id(request_id)
+        normalized = await inline_or_thread(inline, self.normalize_chat, conv, sampling, rid, False, rendered)
         normalized.request.lora = lora
         _record("chat", normalized, arrival, conv.image_count)
-        return Prepared("chat", (normalized,), arrival)
+        return Prepared("chat", (normalized,), arrival, rid)
 
     def _check_chat(self, conv: Conversation, sampling: SamplingParams) -> None:
         self.check_conversation(conv)
@@ -210,7 +215,7 @@ class PreprocessorCore:
         for n in normalized:
             n.request.lora = lora
             _record("complete", n, arrival, 0)
-        return Prepared("complete", tuple(normalized), arrival)
+        return Prepared("complete", tuple(normalized), arrival, rid)
 
     def generate(self, prepared: Prepared) -> AsyncIterator[tuple[int, GenerationChunk]]:
         """The answers of a prepared request's prompts, side by side: (choice index, chunk) as each comes. A prompt
@@ -225,22 +230,6 @@ class PreprocessorCore:
         room = self.info.max_model_len
         return sum(n.request.sampling.n * min(n.request.sampling.max_tokens or room, room - n.request.prompt_len)
                    for n in prepared.prompts)
-
-    async def chat(self, conv: Conversation, sampling: SamplingParams, request_id: str = "", lora: str = "",
-                   ) -> AsyncIterator[GenerationChunk]:
-        prepared = await self.prepare_chat(conv, sampling, request_id, lora)
-        # aclosing: closing this stream must close the inner ones now (down to the engine call), not at GC.
-        async with aclosing(self.generate(prepared)) as chunks:
-            async for _, chunk in chunks:
-                yield chunk
-
-    async def complete(self, parts: Sequence[PromptPart], sampling: SamplingParams, request_id: str = "",
-                       add_special_tokens: bool = True, lora: str = "") -> AsyncIterator[GenerationChunk]:
-        """One prompt of any parts (the gRPC Complete)."""
-        prepared = await self.prepare_complete([parts], sampling, request_id, add_special_tokens, lora)
-        async with aclosing(self.generate(prepared)) as chunks:
-            async for _, chunk in chunks:
-                yield chunk
 
     async def _generate(self, normalized: Normalized, endpoint: str, arrival: float) -> AsyncIterator[GenerationChunk]:
         if self._engine is None:
@@ -283,8 +272,13 @@ class PreprocessorCore:
 
     def decode_ids(self, ids: list[int]) -> str:
         """Token IDs decoded together, special tokens kept: how vLLM completes a logprob token that is a piece of a
-        character (preprocessor/http/token_strings.py)."""
+        character (preprocessor/token_strings.py)."""
         return self._decode_kept(ids)
+
+    def token_strings(self, as_ids: bool = False) -> TokenStrings:
+        """How logprobs spell this model's tokens (vLLM's rule for the pieces of a character); `as_ids`: each
+        "token_id:N" (return_tokens_as_token_ids)."""
+        return TokenStrings(self.token_texts, self.decode_ids, as_ids)
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """Each token's own text, special tokens included (as logprobs name them). Cached by ID, which the

@@ -2,7 +2,7 @@
 
 A watcher polls the engine's ModelInfo, so the preprocessor waits for an engine that is not up yet,
 stops serving while it is gone, and serves again (reloading the model files if the model changed) once
-it is back. Every front (gRPC today) asks the link for the core of each request; `on_serving` tells the
+it is back. Each face (gRPC and HTTP) asks the link for the core of each request; `on_serving` tells the
 server when readiness changes, so it can flip its health status.
 
 The target may be several replicas, and each poll may reach another one. The link moves to another model

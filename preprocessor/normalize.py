@@ -1,4 +1,4 @@
-"""Conversation / Complete prompt -> EngineRequest (DESIGN.md steps 1-6).
+"""Conversation / Complete prompt -> EngineRequest (docs/architecture.md, "A request in the preprocessor").
 
 Chat: render (part k as sentinel k) -> tokenize through the processor (image expansion, pixel
 tensors) -> splice the sentinels (expand each part's, locate all spans, consume) -> validate against the

@@ -1,33 +1,51 @@
-"""What the core streams back: plain dataclasses; protobuf only in their to_pb."""
+"""What the core answers with: the typed events of a request's answer (answer.py streams them) and the results of
+the other calls. Plain dataclasses: each face translates them, protobuf at the gRPC servicer (encode.py), JSON and
+SSE at the HTTP routes (http/responses.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splice.engine_output import FinishReason, Usage, finish_reason_to_pb
-from splice.prompt_logprobs import PromptLogprobs, split_messages
-from splice.v1 import common_pb2, preprocessor_pb2
+from preprocessor.tools.calls import ToolCall
+from splice.engine_output import FinishReason, Usage
+from splice.prompt_logprobs import PromptLogprobs
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: a call's first piece names it (id, name), later pieces of the same index
+    add to its arguments (a JSON object's text, whole once joined)."""
+
+    index: int  # which of the answer's calls
+    arguments: str = ""
+    id: str = ""  # first piece only, "chatcmpl-tool-..."
+    name: str = ""  # first piece only
+
+    @classmethod
+    def whole(cls, index: int, call: ToolCall) -> ToolCallDelta:
+        """A call found whole (at the end of an answer), as one piece."""
+        return cls(index, call.arguments, call.id, call.name)
 
 
 @dataclass(frozen=True)
 class GenerationChunk:
-    """One streamed piece of the answer."""
+    """One streamed piece of one choice's answer."""
 
-    text: str  # never ends inside a multi-byte character
+    text: str  # never ends inside a multi-byte character; with tools, the content outside the calls
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
-    finish_reason: FinishReason | None = None  # final chunk only; STOP or LENGTH
-    usage: Usage | None = None  # final chunk only
+    finish_reason: FinishReason | None = None  # final chunk only; STOP, LENGTH, or TOOL_CALLS (tools, answer.py)
+    usage: Usage | None = None  # final chunk only: the prompt's tokens and this choice's
     stop_reason: str = ""  # the stop string that ended the output, final chunk only
     # with top_logprobs = k: the k most likely tokens at each step and their logprobs, k per token in token order
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
-    # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk (of choice 0 when n > 1)
+    # with SamplingParams.prompt_logprobs: the prompt's, on the first chunk (of the prompt's choice 0 when n > 1)
     prompt_logprobs: PromptLogprobs | None = None
-    index: int = 0  # which of the request's n choices (SamplingParams.n) it belongs to
-    # a Chat with tools: call pieces in OpenAI's streamed shape ({"index", "id", "type", "function": {"name",
-    # "arguments"}}; later pieces of an index only add arguments), preprocessor/tools/answer.py
-    tool_calls: tuple[dict, ...] = ()
+    # which of the request's choices it belongs to: prompt p's choice j (of SamplingParams.n) is p x n + j (vLLM's
+    # numbering; stream.py numbers one prompt's choices, answer.py the request's)
+    index: int = 0
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # a Chat with tools: the calls' pieces (preprocessor/tools/answer.py)
     # final chunk only: the token that ended the output when vLLM names it in stop_reason (a stop_token_ids token, a
     # generation-config EOS besides the tokenizer's); preprocessor/stream.py
     stop_token_id: int | None = None
@@ -41,35 +59,31 @@ class GenerationChunk:
     def final(self) -> bool:
         return self.finish_reason is not None
 
-    def to_pb(self, prompt_logprobs: PromptLogprobs | None = None) -> preprocessor_pb2.GenerationChunk:
-        """`prompt_logprobs`: the piece this message carries (to_pbs), default the chunk's own."""
-        # built once per chunk on every stream: only the fields that are set (the tuples go in as they are)
-        pb = preprocessor_pb2.GenerationChunk(text=self.text, token_ids=self.token_ids, logprobs=self.logprobs,
-                                              top_token_ids=self.top_ids, top_logprobs=self.top_logprobs,
-                                              index=self.index)
-        if self.finish_reason is not None:
-            pb.finish_reason = finish_reason_to_pb(self.finish_reason)
-        if self.stop_reason:
-            pb.stop_reason = self.stop_reason
-        if self.stop_token_id is not None:
-            pb.stop_token_id = self.stop_token_id
-        if self.usage is not None:
-            pb.usage.CopyFrom(self.usage.to_pb())
-        plp = prompt_logprobs or self.prompt_logprobs
-        if plp is not None:
-            pb.prompt_logprobs.CopyFrom(plp.to_pb())
-        for call in self.tool_calls:
-            function = call.get("function", {})
-            pb.tool_calls.add(index=call["index"], id=call.get("id", ""), name=function.get("name", ""),
-                              arguments=function.get("arguments", ""))
-        return pb
 
-    def to_pbs(self) -> list[preprocessor_pb2.GenerationChunk]:
-        """This chunk's messages: one, or with a long prompt's logprobs their leading pieces first, each alone
-        (splice/prompt_logprobs.py)."""
-        return split_messages(self.prompt_logprobs, self.to_pb,
-                              lambda piece: preprocessor_pb2.GenerationChunk(prompt_logprobs=piece.to_pb(),
-                                                                            index=self.index))
+@dataclass(frozen=True)
+class Answered:
+    """The end of a request's answer, after every choice's final chunk."""
+
+    # the request's usage, as vLLM counts it: each prompt's tokens once, every choice's completion tokens (None when
+    # no choice reported any)
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class WholeChoice:
+    """One choice's answer sent whole (a response that is not streamed)."""
+
+    # all its chunks joined: their text, token IDs and logprobs, the prompt's logprobs, and its last chunk's finish and
+    # stop reasons (finish_reason after the tool calls) and usage
+    joined: GenerationChunk
+    content: str | None  # the text the client reads: with tools, outside the calls (None: the answer is only calls)
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class WholeAnswer:
+    choices: tuple[WholeChoice, ...]  # by the request's choice index
+    usage: Usage | None  # the request's (Answered.usage)
 
 
 @dataclass(frozen=True)
@@ -78,11 +92,3 @@ class TokenizeResult:
     embed_spans: tuple[tuple[int, int, int], ...]  # (offset, length, tensor_index)
     prompt: str  # rendered template text, sentinels included
     image_token_counts: tuple[int, ...]
-
-    def to_pb(self) -> preprocessor_pb2.TokenizeResponse:
-        return preprocessor_pb2.TokenizeResponse(
-            token_ids=list(self.token_ids),
-            embed_spans=[common_pb2.EmbedSpan(offset=o, length=n, tensor_index=k) for o, n, k in self.embed_spans],
-            prompt=self.prompt,
-            image_token_counts=list(self.image_token_counts),
-        )

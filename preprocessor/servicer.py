@@ -1,4 +1,5 @@
-"""splice.v1.Preprocessor servicer: decode pb -> one core call -> encode pb. Errors go to the call guard."""
+"""splice.v1.Preprocessor servicer: decode pb (convert.py) -> one core call (answer.py for Chat and Complete) ->
+encode pb (encode.py). Errors go to the call guard."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from contextlib import aclosing
 
 import grpc
 
+from preprocessor import answer
 from preprocessor.admission import Admission, Ticket
+from preprocessor.answer import Asked
 from preprocessor.content import Conversation
 from preprocessor.convert import add_special_tokens_from_pb, conversation_from_pb, prompt_from_pb, tools_from_pb
 from preprocessor.core import PreprocessorCore
+from preprocessor.encode import chunk_pbs, tokenize_pb
 from preprocessor.loras import LoraCatalog, not_served
 from preprocessor.request_bounds import INLINE_REQUEST_BYTES, check_counts_only
-from preprocessor.tools.answer import tool_chunks
 from preprocessor.tools.choice import constrain, constraint_for
 from preprocessor.tools.request import ToolRequest
 from preprocessor.upload import UploadAssembler
@@ -91,10 +94,9 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         lora = await self._lora(request.lora_name)
         tools, conv, sampling = await _decoded_chat(core, request)
         # A client cancel cancels this task; the CancelledError closes the generators down to the engine call.
-        async with aclosing(tool_chunks(core.chat(conv, sampling, request.request_id, lora), tools,
-                                        core.tool_parser)) as chunks:
-            async for chunk in chunks:
-                for pb in chunk.to_pbs():
+        async with aclosing(answer.chat(core, conv, sampling, Asked(request.request_id, lora, tools))) as events:
+            async for event in events:
+                for pb in chunk_pbs(event):
                     yield pb
 
     async def Complete(self, request: preprocessor_pb2.CompleteRequest,
@@ -103,10 +105,10 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         lora = await self._lora(request.lora_name)
         parts, sampling = await inline_or_thread(request.ByteSize() <= INLINE_REQUEST_BYTES, lambda: (
             prompt_from_pb(request), _sampling(core, request.sampling)))
-        async with aclosing(core.complete(parts, sampling, request.request_id, add_special_tokens_from_pb(request),
-                                          lora)) as chunks:
-            async for chunk in chunks:
-                for pb in chunk.to_pbs():
+        async with aclosing(answer.complete(core, parts, sampling, Asked(request.request_id, lora),
+                                            add_special_tokens_from_pb(request))) as events:
+            async for event in events:
+                for pb in chunk_pbs(event):
                     yield pb
 
     async def Upload(self, request_iterator: AsyncIterator[preprocessor_pb2.UploadPart],
@@ -134,13 +136,13 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
             lora = await self._lora(request.lora_name)
             if isinstance(request, preprocessor_pb2.ChatRequest):
                 tools, conv, sampling = await _decoded_chat(core, request, streamed)
-                chunks = tool_chunks(core.chat(conv, sampling, request.request_id, lora), tools, core.tool_parser)
+                events = answer.chat(core, conv, sampling, Asked(request.request_id, lora, tools))
             else:
-                chunks = core.complete(prompt_from_pb(request, streamed), _sampling(core, request.sampling),
-                                       request.request_id, add_special_tokens_from_pb(request), lora)
-            async with aclosing(chunks) as chunks:
-                async for chunk in chunks:
-                    for pb in chunk.to_pbs():
+                events = answer.complete(core, prompt_from_pb(request, streamed), _sampling(core, request.sampling),
+                                         Asked(request.request_id, lora), add_special_tokens_from_pb(request))
+            async with aclosing(events) as events:
+                async for event in events:
+                    for pb in chunk_pbs(event):
                         yield pb
         finally:
             for ticket in tickets:
@@ -152,10 +154,10 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServicer):
         kind = request.WhichOneof("input")
         if kind == "chat":
             conv = await asyncio.to_thread(_conversation, core, request.chat)
-            return (await core.tokenize_chat(conv)).to_pb()
+            return tokenize_pb(await core.tokenize_chat(conv))
         if kind == "text":  # in a thread: long texts would stall every stream
             result = await asyncio.to_thread(core.tokenize_text, request.text, add_special_tokens_from_pb(request))
-            return result.to_pb()
+            return tokenize_pb(result)
         raise InvalidArgument("TokenizeRequest has no input; set chat or text")
 
     async def Detokenize(self, request: preprocessor_pb2.DetokenizeRequest,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from preprocessor.answer import Asked
 from preprocessor.content import (
     Conversation,
     Embeds,
@@ -33,7 +33,6 @@ from preprocessor.http.schemas import (
     ImageEmbedsPart,
     ImageUrlPart,
     PromptEmbedsPart,
-    TextPart,
     TokenizeChatRequest,
 )
 from preprocessor.template_args import template_arguments
@@ -129,22 +128,6 @@ def conversation_from_http(body: ChatCompletionRequest | TokenizeChatRequest,
 
 def tools_from_http(body: ChatCompletionRequest, settings: ToolSettings) -> ToolRequest | None:
     return tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, settings)
-
-
-def answer_role(body: ChatCompletionRequest) -> str:
-    """vLLM's: the assistant's, or with no generation prompt the last message's (the answer continues it)."""
-    return "assistant" if body.add_generation_prompt else body.messages[-1].role
-
-
-def echoed(body: ChatCompletionRequest) -> str:
-    """`echo`: the last message's text when it has the answer's role (its text parts joined by newlines, as
-    vLLM's), which the answer then starts with; "" otherwise."""
-    last = body.messages[-1] if body.messages else None
-    if not body.echo or last is None or last.role != answer_role(body):
-        return ""
-    if last.content is None or isinstance(last.content, str):
-        return last.content or ""
-    return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
 
 
 def prompts_from_http(body: CompletionRequest) -> list[list[PromptPart]]:
@@ -251,35 +234,33 @@ def _check_prompt_logprobs(body: GenerationFields) -> None:
 
 
 def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
-    """vLLM's: logprob_token_ids (with logprobs) replace the top_logprobs most likely; echo asks for the prompt's
-    logprobs too (top_logprobs alternatives) unless prompt_logprobs says how many (conversation_prompt_logprobs)."""
+    """vLLM's: logprob_token_ids (with logprobs) replace the top_logprobs most likely. (What `echo` asks for is the
+    core's: chat_asked.)"""
     if body.top_logprobs and not body.logprobs:
         raise InvalidArgument("top_logprobs needs logprobs: true")
     if body.logprob_token_ids and not body.logprobs:
         raise InvalidArgument("logprob_token_ids needs logprobs: true")
     _check_prompt_logprobs(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prompt_logprobs = body.prompt_logprobs
-    if prompt_logprobs is None and body.echo:
-        prompt_logprobs = body.top_logprobs or 0
     listed = tuple(body.logprob_token_ids or ())
     return _common(body, max_tokens, body.logprobs, 0 if listed else body.top_logprobs or 0,
-                   prompt_logprobs=prompt_logprobs, logprob_token_ids=listed)
+                   prompt_logprobs=body.prompt_logprobs, logprob_token_ids=listed)
 
 
-def conversation_prompt_logprobs(body: ChatCompletionRequest, conv: Conversation,
-                                 sampling: SamplingParams) -> SamplingParams:
-    """`sampling` for `conv`: the prompt logprobs that `echo` alone asks for (vLLM's quirk) are not computed for a
-    conversation with prompt embeddings, which have no tokens to score; asked for explicitly, they are refused."""
-    if body.prompt_logprobs is None and sampling.prompt_logprobs is not None and conv.parts(Embeds):
-        return dataclasses.replace(sampling, prompt_logprobs=None)
-    return sampling
+def chat_asked(body: ChatCompletionRequest, lora: str, tools: ToolRequest | None) -> Asked:
+    """What the body asks of its answer besides sampling: `echo` asks for the prompt's logprobs, top_logprobs
+    alternatives (vLLM's)."""
+    return Asked(body.request_id or "", lora, tools, body.echo, body.top_logprobs or 0)
+
+
+def completion_asked(body: CompletionRequest, lora: str) -> Asked:
+    """`echo` asks for the prompt's logprobs, `logprobs` alternatives (vLLM's: none without logprobs)."""
+    return Asked(body.request_id or "", lora, echo=body.echo, echo_logprobs=body.logprobs)
 
 
 def completion_sampling(body: CompletionRequest) -> SamplingParams:
-    """vLLM's: echo with logprobs asks for the prompt's logprobs (`logprobs` alternatives) unless prompt_logprobs
-    says how many; max_tokens 0 only with echo (one token is generated and not returned); logprob_token_ids (with
-    logprobs) replace the `logprobs` most likely."""
+    """vLLM's: max_tokens 0 only with echo (one token is generated and not returned); logprob_token_ids (with
+    logprobs) replace the `logprobs` most likely. (The prompt logprobs `echo` asks for: completion_asked.)"""
     if body.suffix:
         raise InvalidArgument("suffix is not supported")
     _refuse(body.model_extra or {}, CHAT_ONLY, " on /v1/completions (tools are chat's: /v1/chat/completions)")
@@ -297,12 +278,9 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
     if body.max_tokens == 0 and not body.echo:
         raise InvalidArgument("max_tokens must be at least 1 (0 only with echo), got 0")
     _check_prompt_logprobs(body)
-    prompt_logprobs = body.prompt_logprobs
-    if prompt_logprobs is None and body.echo:
-        prompt_logprobs = body.logprobs
     listed = tuple(body.logprob_token_ids or ())
     return _common(body, 1 if body.max_tokens == 0 else body.max_tokens, body.logprobs is not None,
-                   0 if listed else body.logprobs or 0, prompt_logprobs=prompt_logprobs, logprob_token_ids=listed)
+                   0 if listed else body.logprobs or 0, prompt_logprobs=body.prompt_logprobs, logprob_token_ids=listed)
 
 
 # vLLM's request fields beyond sampling (UNHONOURED above) that change what is served and that Splice does not

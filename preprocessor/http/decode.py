@@ -1,5 +1,6 @@
-"""A generation request's validated body -> what the core takes (tools, sampling, conversation or prompts), every
-check of convert.py done; on the event loop only when the body is small and asks for nothing costly to check.
+"""A generation request's validated body -> what the core takes (conversation or prompts, sampling, what it asks of
+its answer: answer.Asked), every check of convert.py done; on the event loop only when the body is small and asks for
+nothing costly to check.
 
 Checking tools (each against the JSON Schema metaschema), a structured output's spec (xgrammar) and converting a long
 conversation grow with the request: they run in a thread, so that one request cannot hold the loop that serves
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from preprocessor.answer import Asked
 from preprocessor.content import Conversation, PromptPart
 from preprocessor.core import PreprocessorCore
 from preprocessor.http import convert
@@ -26,9 +28,16 @@ from splice.structured_fields import FIELDS as STRUCTURED_FIELDS
 
 @dataclass(frozen=True)
 class Chat:
-    tools: ToolRequest | None
-    sampling: SamplingParams
     conv: Conversation  # remote images not fetched yet (media.py, after these checks)
+    sampling: SamplingParams
+    asked: Asked
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompts: list[list[PromptPart]]
+    sampling: SamplingParams
+    asked: Asked
 
 
 def _plain(body: GenerationFields, nbytes: int) -> bool:
@@ -49,25 +58,24 @@ def conversation(core: PreprocessorCore, body: ChatCompletionRequest | TokenizeC
     return conv
 
 
-def _chat(core: PreprocessorCore, body: ChatCompletionRequest) -> Chat:
+def _chat(core: PreprocessorCore, body: ChatCompletionRequest, lora: str) -> Chat:
     tools = convert.tools_from_http(body, core.limits.tools)
     sampling = constrain(convert.chat_sampling(body), constraint_for(tools))
     convert.check_served(body)
     check_max_tokens(sampling, core.info)  # (before the conversation is converted and its images fetched)
-    conv = conversation(core, body, tools)
-    return Chat(tools, convert.conversation_prompt_logprobs(body, conv, sampling), conv)
+    return Chat(conversation(core, body, tools), sampling, convert.chat_asked(body, lora, tools))
 
 
-async def decode_chat(core: PreprocessorCore, body: ChatCompletionRequest, nbytes: int) -> Chat:
-    """`nbytes`: the body's size as sent."""
-    return await inline_or_thread(_plain(body, nbytes), _chat, core, body)
+async def decode_chat(core: PreprocessorCore, body: ChatCompletionRequest, nbytes: int, lora: str = "") -> Chat:
+    """`nbytes`: the body's size as sent; `lora`: the adapter its `model` names ("" for the base model)."""
+    return await inline_or_thread(_plain(body, nbytes), _chat, core, body, lora)
 
 
-def _completion(body: CompletionRequest) -> tuple[SamplingParams, list[list[PromptPart]]]:
+def _completion(body: CompletionRequest, lora: str) -> Completion:
     sampling = convert.completion_sampling(body)
     convert.check_served(body)
-    return sampling, convert.prompts_from_http(body)
+    return Completion(convert.prompts_from_http(body), sampling, convert.completion_asked(body, lora))
 
 
-async def decode_completion(body: CompletionRequest, nbytes: int) -> tuple[SamplingParams, list[list[PromptPart]]]:
-    return await inline_or_thread(_plain(body, nbytes), _completion, body)
+async def decode_completion(body: CompletionRequest, nbytes: int, lora: str = "") -> Completion:
+    return await inline_or_thread(_plain(body, nbytes), _completion, body, lora)

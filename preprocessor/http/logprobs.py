@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from preprocessor.http.token_strings import CONTEXT, TokenStrings
+from preprocessor.token_strings import CONTEXT, TokenStrings
 from splice.prompt_logprobs import PromptLogprobs
 
 MIN_LOGPROB = -9999.0  # vLLM's JSON stand-in for -inf (JSON has no infinity)
@@ -55,7 +55,7 @@ def output_steps(token_ids: Sequence[int], logprobs: Sequence[float], top_ids: S
 def step_strings(steps: Sequence[Step], strings: TokenStrings, context: Sequence[int] = (),
                  decoded: bool = False) -> list[dict[int, str]]:
     """Each step's token strings by ID (its token's and its alternatives'), as vLLM renders them at that place of
-    their sequence (http/token_strings.py): `context` holds the sequence's tokens before the first step, and each
+    their sequence (token_strings.py): `context` holds the sequence's tokens before the first step, and each
     step's own token follows it. A step without a logprob (a prompt's first position) is decoded alone and is no
     context, as vLLM keeps no entry for it. `decoded`: vLLM's decoded text even with return_tokens_as_token_ids."""
     at = strings.decoded if decoded else strings.at

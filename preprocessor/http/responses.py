@@ -1,9 +1,11 @@
-"""GenerationChunks -> vLLM's JSON: whole responses and SSE chunks of chat.completion / text_completion, with the
-keys vLLM's have (its fields Splice has no use for are null, as vLLM's are by default).
+"""An answer's events (preprocessor/outputs.py) -> vLLM's JSON: whole responses and SSE chunks of chat.completion /
+text_completion, with the keys vLLM's have (its fields Splice has no use for are null, as vLLM's are by default).
+Translation only: what the answer holds (its text and tool calls, finish and stop reasons, usage, echo) is the
+core's (preprocessor/answer.py).
 
 One Shape per endpoint holds what every chunk of a request repeats (id, created, model) and how a
 chunk's text and logprobs are spelled there; the stream and the non-streamed body are built from the
-same chunks, so their usage is the same numbers. As vLLM's, a streamed chunk holds only the keys vLLM sets in it
+same answer, so their usage is the same numbers. As vLLM's, a streamed chunk holds only the keys vLLM sets in it
 (its JSON excludes unset fields): no `usage` key but on the usage chunk, `stop_reason` on a chat choice's final chunk
 only, `system_fingerprint` on the last message.
 """
@@ -11,10 +13,12 @@ only, `system_fingerprint` on the last message.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 
+from preprocessor.admission import charge
+from preprocessor.answer import Answer
 from preprocessor.http.logprobs import (
     clamp,
     completion_logprobs,
@@ -23,11 +27,10 @@ from preprocessor.http.logprobs import (
     prompt_steps,
     step_strings,
 )
-from preprocessor.http.token_strings import CONTEXT, TokenStrings
-from preprocessor.outputs import GenerationChunk
-from preprocessor.tools.answer import ToolAnswer
-from preprocessor.tools.parsers import ToolParser
-from preprocessor.tools.request import ToolRequest
+from preprocessor.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from preprocessor.http.serving import Served
+from preprocessor.outputs import Answered, GenerationChunk, ToolCallDelta, WholeAnswer, WholeChoice
+from preprocessor.token_strings import CONTEXT, TokenStrings
 from splice.engine_output import Usage
 from splice.prompt_logprobs import PromptLogprobs
 
@@ -50,45 +53,6 @@ def usage_json(usage: Usage | None, details: bool = False, whole: bool = True) -
     if details:
         out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     return out
-
-
-def total_usage(usages: Mapping[int, Usage | None], n: int = 1) -> Usage | None:
-    """A request's usage from its choices' (by choice index, `n` per prompt), as vLLM reports it: each prompt's tokens
-    once (its first choice's count), every choice's completion tokens (None when no choice reported one)."""
-    known = {i: u for i, u in usages.items() if u is not None}
-    if not known:
-        return None
-    first = [u for i, u in known.items() if i % n == 0]
-    return Usage(sum(u.prompt_tokens for u in first), sum(u.completion_tokens for u in known.values()),
-                 sum(u.cached_tokens for u in first))
-
-
-@dataclass
-class Collected:
-    """One choice's whole answer, joined from its chunks (the non-streamed response)."""
-
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[float] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None
-    last: GenerationChunk | None = None
-
-    def add(self, chunk: GenerationChunk) -> None:
-        self.text.append(chunk.text)
-        self.token_ids += chunk.token_ids
-        self.logprobs += chunk.logprobs
-        self.top_ids += chunk.top_ids
-        self.top_logprobs += chunk.top_logprobs
-        self.prompt_logprobs = self.prompt_logprobs or chunk.prompt_logprobs
-        self.last = chunk
-
-    def joined(self) -> GenerationChunk:
-        return GenerationChunk("".join(self.text), tuple(self.token_ids), tuple(self.logprobs),
-                               finish_reason=self.last.finish_reason if self.last else None,
-                               top_ids=tuple(self.top_ids), top_logprobs=tuple(self.top_logprobs),
-                               prompt_logprobs=self.prompt_logprobs)
 
 
 @dataclass
@@ -157,6 +121,21 @@ class Shape:
             held += self.n * self.token_bytes(alternatives)
         return held
 
+    def charge(self, answer: Answer) -> None:
+        """A whole answer is held until it is sent: what its choices may hold (n x max_tokens per prompt, and the
+        prompt logprobs, shown on each completions choice) is charged to the request's admission before any is
+        generated (a streamed one holds only the chunk in flight)."""
+        sampling = answer.sampling
+        tokens = answer.core.answer_tokens(answer.prepared)
+        alternatives = len(sampling.logprob_token_ids) or sampling.top_logprobs  # each token's, with logprobs
+        nbytes = tokens * self.token_bytes(alternatives)
+        what = f"the whole answer ({answer.choices} choice(s), up to {tokens} tokens together: n x max_tokens"
+        if sampling.prompt_logprobs is not None:
+            positions = sum(p.request.prompt_len for p in answer.prepared.prompts)
+            nbytes += positions * self.prompt_position_bytes(sampling.prompt_logprobs, alternatives)
+            what += f"; prompt logprobs of {positions} positions"
+        charge(nbytes, what + ")")
+
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
@@ -169,23 +148,20 @@ class Shape:
         known = self._prompt_logprobs.get(prompt)
         return chunk if known is None else replace(chunk, prompt_logprobs=known)
 
-    def response(self, collected: Sequence[Collected]) -> dict:
-        for i, c in enumerate(collected):
-            if c.prompt_logprobs is not None:
-                self._prompt_logprobs[i // self.n] = c.prompt_logprobs
+    def response(self, answer: WholeAnswer) -> dict:
+        for i, c in enumerate(answer.choices):
+            if c.joined.prompt_logprobs is not None:
+                self._prompt_logprobs[i // self.n] = c.joined.prompt_logprobs
         choices = []
-        for i, c in enumerate(collected):
-            last = c.last
-            whole = self._note(i, c.joined())
-            choice = self._whole_choice(i, whole)
-            choice.update(finish_reason=self._finish_reason(i, last),
-                          stop_reason=last.stop_reason_json if last else None,
+        for i, c in enumerate(answer.choices):
+            whole = self._note(i, c.joined)
+            choice = self._whole_choice(i, whole, c)
+            choice.update(finish_reason=_reason(whole), stop_reason=whole.stop_reason_json,
                           token_ids=list(whole.token_ids) if self.return_ids else None)
             choices.append(self._whole_choice_tail(i, choice))
         body = self._envelope(self.object_name, choices)
-        usage = total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)}, self.n)
         body.update(NULL_FIELDS, system_fingerprint=SYSTEM_FINGERPRINT,
-                    usage=usage_json(usage, self.prompt_details))
+                    usage=usage_json(answer.usage, self.prompt_details))
         return body
 
     def _whole_choice_tail(self, index: int, choice: dict) -> dict:
@@ -195,16 +171,23 @@ class Shape:
         choice["routed_experts"] = None
         return choice
 
-    def chunk(self, index: int, chunk: GenerationChunk) -> dict | None:
-        """The SSE chunk for one GenerationChunk of choice `index`; None when it carries nothing to send."""
+    def event(self, event: GenerationChunk | Answered) -> dict | None:
+        """The SSE chunk of an answer's event; None when it has nothing to send."""
+        if isinstance(event, Answered):  # the usage chunk, when asked for
+            return self.usage_chunk(event.usage) if self.include_usage else None
+        return self.chunk(event)
+
+    def chunk(self, chunk: GenerationChunk) -> dict | None:
+        """The SSE chunk of one GenerationChunk (of its choice, chunk.index); None when it carries nothing to send."""
+        index = chunk.index
         echoing = self.echo_prompts is not None and index not in self._opened
         if chunk.prompt_logprobs is not None:  # (choice 0's first chunk: before its prompt's other choices' first)
             self._prompt_logprobs[index // self.n] = chunk.prompt_logprobs
-        if not self._carries_text(index, chunk) and not chunk.final and not (self.logprobs and chunk.logprobs) and \
+        if not (chunk.text or chunk.tool_calls) and not chunk.final and not (self.logprobs and chunk.logprobs) and \
                 not (self.return_ids and chunk.token_ids) and not echoing:
             return None
         choice = self._delta_choice(index, self._note(index, chunk) if echoing else chunk)
-        choice["finish_reason"] = self._finish_reason(index, chunk)
+        choice["finish_reason"] = _reason(chunk)
         first = index not in self._opened
         self._opened.add(index)
         self._stream_fields(choice, index, chunk, first)
@@ -220,12 +203,6 @@ class Shape:
         choice["stop_reason"] = chunk.stop_reason_json if chunk.final else None
         choice["prompt_token_ids"] = list(self.prompt_ids[index // self.n]) if shows_prompt else None
         choice["token_ids"] = list(chunk.token_ids) if self.return_ids else None
-
-    def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
-        return bool(chunk.text)
-
-    def _finish_reason(self, index: int, chunk: GenerationChunk | None) -> str | None:
-        return _reason(chunk)
 
     def first_chunks(self) -> list[dict]:
         return []
@@ -275,7 +252,7 @@ class Shape:
             self._prompt_logprobs_json[prompt] = prompt_logprobs_json(plp, self.strings)
         return self._prompt_logprobs_json[prompt]
 
-    def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
+    def _whole_choice(self, index: int, whole: GenerationChunk, choice: WholeChoice) -> dict:
         echo = self.echo_prompts is not None
         return {"index": index, "text": self._text(index, whole, echo), "logprobs": self._logprobs(index, whole, echo),
                 "prompt_logprobs": self._prompt_json(index, whole.prompt_logprobs)}
@@ -288,21 +265,19 @@ class Shape:
 
 @dataclass
 class ChatShape(Shape):
-    role: str = "assistant"  # vLLM's: the last message's role when no generation prompt is added
-    echo: str = ""  # `echo`: the last message's text, which the answer continues
-    # a request with tools: each choice's answer goes through a ToolAnswer (preprocessor/tools/answer.py)
-    tools: ToolRequest | None = None
-    tool_parser: ToolParser | None = None
-    _answers: dict[int, ToolAnswer] = field(default_factory=dict)
-    _deltas: dict[int, tuple[dict, str | None]] = field(default_factory=dict)  # this chunk's, by choice
+    role: str = "assistant"  # the answer's (answer.py answer_role)
+    echo: str = ""  # `echo`: the last message's text, which the answer continues (answer.py echo_text)
+    # the answer is read for tool calls (the request has tools) or the server runs a tool parser: vLLM's chunk then
+    # has no `content` key when it has no text
+    tool_parsing: bool = False
 
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
     ALTERNATIVE_BYTES = 640
 
-    def response(self, collected: Sequence[Collected]) -> dict:
-        body = super().response(collected)
+    def response(self, answer: WholeAnswer) -> dict:
+        body = super().response(answer)
         # vLLM's: on the response, not the choice (null when not asked)
         body.update(prompt_logprobs=prompt_logprobs_json(self._prompt_logprobs.get(0), self.strings),
                     prompt_token_ids=list(self.prompt_ids[0]) if self.return_ids else None, prompt_text=None)
@@ -361,42 +336,53 @@ class ChatShape(Shape):
             context = [*context, token][-CONTEXT:]
         return {"content": content}
 
-    def _answer(self, index: int) -> ToolAnswer:
-        if index not in self._answers:
-            self._answers[index] = ToolAnswer(self.tools, self.tool_parser)  # type: ignore[arg-type]
-        return self._answers[index]
-
-    def _whole_choice(self, index: int, whole: GenerationChunk) -> dict:
-        message: dict = {"role": self.role, "content": self.echo + whole.text, **NULL_MESSAGE_FIELDS}
-        if self.tools is not None:
-            answer = self._answer(index).whole(whole.text, _reason(whole))
-            self._deltas[index] = ({}, answer.finish_reason)
-            content = answer.content if answer.content is None else self.echo + answer.content
-            message["content"] = content
-            if answer.calls:  # (vLLM's message has no tool_calls key when there are none)
-                message["tool_calls"] = [c.json() for c in answer.calls]
+    def _whole_choice(self, index: int, whole: GenerationChunk, choice: WholeChoice) -> dict:
+        content = None if choice.content is None else self.echo + choice.content
+        message: dict = {"role": self.role, "content": content, **NULL_MESSAGE_FIELDS}
+        if choice.tool_calls:  # (vLLM's message has no tool_calls key when there are none)
+            message["tool_calls"] = [c.json() for c in choice.tool_calls]
         message["reasoning"] = None
         return {"index": index, "message": message, "logprobs": self._logprobs(index, whole)}
 
-    def _carries_text(self, index: int, chunk: GenerationChunk) -> bool:
-        if self.tools is None:
-            return bool(chunk.text)
-        self._deltas[index] = self._answer(index).delta(chunk.text, chunk.final, _reason(chunk))
-        return bool(self._deltas[index][0])
-
-    def _finish_reason(self, index: int, chunk: GenerationChunk | None) -> str | None:
-        if self.tools is None or index not in self._deltas:
-            return _reason(chunk)
-        return self._deltas[index][1]
-
     def _delta_choice(self, index: int, chunk: GenerationChunk) -> dict:
-        if self.tools is not None:
-            return {"index": index, "delta": self._deltas[index][0], "logprobs": self._logprobs(index, chunk)}
-        # vLLM's: a chunk without text has no content key when the server runs a tool parser (its deltas then go
-        # through the parser, which gives none), else "content": ""
-        delta = {"content": chunk.text} if chunk.text or self.tool_parser is None else {}
+        delta: dict = {"content": chunk.text} if chunk.text or not self.tool_parsing else {}
+        if chunk.tool_calls:
+            delta["tool_calls"] = [_call_json(c) for c in chunk.tool_calls]
         return {"index": index, "delta": delta, "logprobs": self._logprobs(index, chunk)}
 
 
-def _reason(chunk: GenerationChunk | None) -> str | None:
-    return chunk.finish_reason.value if chunk is not None and chunk.finish_reason is not None else None
+def _call_json(call: ToolCallDelta) -> dict:
+    """OpenAI's streamed tool call: a call's first piece whole, a later piece its arguments."""
+    if call.id:
+        return {"index": call.index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, "function": {"arguments": call.arguments}}
+
+
+def _reason(chunk: GenerationChunk) -> str | None:
+    return chunk.finish_reason.value if chunk.finish_reason is not None else None
+
+
+def _include_usage(body: GenerationFields) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def chat_shape(answer: Answer, body: ChatCompletionRequest, served: Served) -> ChatShape:
+    """The JSON of a chat answer, as its body asks for it."""
+    listed = bool(answer.sampling.logprob_token_ids)
+    return ChatShape(answer.request_id, served.model, served.strings(body.return_tokens_as_token_ids), body.logprobs,
+                     _include_usage(body), prompt_ids=answer.prompt_ids, return_ids=bool(body.return_token_ids),
+                     n=answer.n, listed=listed, prompt_details=served.options.prompt_tokens_details, role=answer.role,
+                     echo=answer.echo[0] if answer.echo else "",
+                     tool_parsing=answer.tools is not None or answer.parser is not None)
+
+
+def completion_shape(answer: Answer, body: CompletionRequest, served: Served) -> Shape:
+    """The JSON of a completions answer, as its body asks for it. With return_token_ids an echo has no text (vLLM's:
+    the IDs say it)."""
+    echo = None if answer.echo is None else [""] * len(answer.echo) if body.return_token_ids else list(answer.echo)
+    return Shape(answer.request_id, served.model, served.strings(body.return_tokens_as_token_ids),
+                 answer.sampling.logprobs, _include_usage(body), prompt_ids=answer.prompt_ids,
+                 return_ids=bool(body.return_token_ids), n=answer.n, listed=bool(answer.sampling.logprob_token_ids),
+                 prompt_details=served.options.prompt_tokens_details, echo_prompts=echo,
+                 echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)

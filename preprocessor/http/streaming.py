@@ -1,5 +1,5 @@
 """Answers over HTTP: Server-Sent Events for `stream: true`, one JSON body otherwise; both end the engine
-sequence when the client goes away.
+sequence when the client goes away. An answer (preprocessor/answer.py) in the Shape of its endpoint (responses.py).
 
 A streamed answer's status is decided by its first chunk: it is awaited before the 200 goes out, so a
 request the core rejects gets its 4xx, not a 200 with an error event. An error after that is one
@@ -18,11 +18,10 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from preprocessor.answer import Answer, Collected, Event
 from preprocessor.http.errors import error_body, splice_error_body
 from preprocessor.http.json_body import json_response
-from preprocessor.http.responses import Collected, Shape, total_usage
-from preprocessor.outputs import GenerationChunk
-from splice.engine_output import Usage
+from preprocessor.http.responses import Shape
 from splice.errors import SpliceError
 from splice.offload import gc_paused
 
@@ -60,31 +59,28 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-Indexed = AsyncIterator[tuple[int, GenerationChunk]]  # (choice index, chunk), the core's generate()
+async def respond(request: Request, answer: Answer, shape: Shape, stream: bool) -> Response:
+    """The answer streamed (SSE) or whole; a whole one's size is charged to the request's admission first."""
+    if stream:
+        return await stream_response(request, answer.stream(), shape)
+    shape.charge(answer)
+    return await whole_response(request, answer, shape)
 
 
-async def _collect(chunks: Indexed, n: int) -> list[Collected]:
-    collected = [Collected() for _ in range(n)]
-    async for i, chunk in chunks:
-        collected[i].add(chunk)
-    return collected
-
-
-async def whole_response(request: Request, chunks: Indexed, shape: Shape, n: int = 1) -> Response:
-    """`n`: how many choices `chunks` answers. The body is built in a thread, in pieces (json_body.py): an answer of
-    many choices with logprobs is hundreds of MB of JSON."""
-    async with contextlib.aclosing(chunks):
-        collected = await until_disconnected(request, _collect(chunks, n))
+async def whole_response(request: Request, answer: Answer, shape: Shape) -> Response:
+    """The body is built in a thread, in pieces (json_body.py): an answer of many choices with logprobs is hundreds
+    of MB of JSON."""
+    collected = await until_disconnected(request, answer.collect())
     small = sum(len(c.token_ids) for c in collected) <= INLINE_ANSWER_TOKENS and \
         not any(c.prompt_logprobs for c in collected)
     if small:
-        return json_response(shape.response(collected))
-    return await asyncio.to_thread(_built, shape, collected)
+        return json_response(shape.response(answer.whole(collected)))
+    return await asyncio.to_thread(_built, shape, answer, collected)
 
 
-def _built(shape: Shape, collected: list[Collected]) -> Response:
+def _built(shape: Shape, answer: Answer, collected: list[Collected]) -> Response:
     with gc_paused():  # (millions of small objects: full collections would hold the GIL for most of a second)
-        return json_response(shape.response(collected))
+        return json_response(shape.response(answer.whole(collected)))
 
 
 def _event(body: dict) -> bytes:
@@ -101,36 +97,30 @@ class _SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def stream_response(request: Request, chunks: Indexed, shape: Shape) -> StreamingResponse:
+async def stream_response(request: Request, events: AsyncIterator[Event], shape: Shape) -> StreamingResponse:
     try:
-        first = await until_disconnected(request, anext(chunks))
+        first = await until_disconnected(request, anext(events))
     except BaseException:
-        await chunks.aclose()
+        await events.aclose()
         raise
-    return _SSEResponse(_events(first, chunks, shape), media_type="text/event-stream",
+    return _SSEResponse(_events(first, events, shape), media_type="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(first: tuple[int, GenerationChunk], chunks: Indexed, shape: Shape) -> AsyncIterator[bytes]:
-    usages: dict[int, Usage] = {}
+async def _events(first: Event, events: AsyncIterator[Event], shape: Shape) -> AsyncIterator[bytes]:
     try:
         for opening in shape.first_chunks():
             yield _event(opening)
-        item: tuple[int, GenerationChunk] | None = first
+        item: Event | None = first
         while item is not None:
-            index, chunk = item
-            if chunk.usage is not None:
-                usages[index] = chunk.usage
-            if (body := shape.chunk(index, chunk)) is not None:
+            if (body := shape.event(item)) is not None:
                 yield _event(body)
-            item = await anext(chunks, None)
-        if shape.include_usage:
-            yield _event(shape.usage_chunk(total_usage(usages, shape.n)))
+            item = await anext(events, None)
     except SpliceError as exc:
         yield _event(splice_error_body(exc)[1])
     except Exception as exc:  # a bug, not the request's fault: still an error event and [DONE], never a cut stream
         log.exception("a streamed answer failed")
         yield _event(error_body(500, f"internal error: {type(exc).__name__}"))
     finally:
-        await chunks.aclose()
+        await events.aclose()
     yield DONE

@@ -12,18 +12,14 @@ arguments stream as they come, after a first delta with its id and name.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from preprocessor.outputs import GenerationChunk
+from preprocessor.outputs import ToolCallDelta
 from preprocessor.tools.calls import Extracted, ToolCall
 from preprocessor.tools.parsers import ToolParser
 from preprocessor.tools.request import ToolRequest
 from splice import json_depth
-from splice.engine_output import FinishReason
 
 TOOL_CALLS = "tool_calls"
 
@@ -33,6 +29,14 @@ class Answer:
     content: str | None
     calls: tuple[ToolCall, ...]
     finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one streamed piece of an answer sends: its content (text outside the calls) and its calls' pieces."""
+
+    content: str = ""
+    calls: tuple[ToolCallDelta, ...] = ()
 
 
 # The JSON grammars (xgrammar's, as vLLM's) let a string hold raw control characters, which JSON forbids: a call's
@@ -116,59 +120,36 @@ class ToolAnswer:
         extracted = self._extract(text)
         return Answer(extracted.content, self._calls(extracted), self._reason(extracted, reason))
 
-    def delta(self, text: str, final: bool, reason: str | None) -> tuple[dict, str | None]:
-        """The chunk's delta (content and / or tool_calls; {} for nothing yet) and its finish_reason."""
+    def delta(self, text: str, final: bool, reason: str | None) -> tuple[Delta, str | None]:
+        """The piece's Delta (nothing yet: empty) and its finish_reason."""
         self._text += text
         if self.request.choice == "function":
-            return self._named_delta(text, final, reason)
+            return self._named_delta(text), reason
         if self.request.choice == "none" or (self.request.choice == "auto" and self.parser is None):
-            return ({"content": text} if text else {}), reason
-        out: dict = {}
+            return Delta(text), reason
+        content = ""
         if self.request.choice == "auto":
             hold = self.parser.hold_from(self._text) if self.parser is not None else None
             end = len(self._text) if hold is None else max(hold, self._sent)
             if end > self._sent:
-                out["content"] = self._text[self._sent:end]
+                content = self._text[self._sent:end]
                 self._sent = end
         if not final:
-            return out, reason
+            return Delta(content), reason
         started = self.request.choice == "required" or (self.parser is not None and self.parser.started(self._text))
         extracted = self._extract(self._text) if started else Extracted(self._text)
         calls = self._calls(extracted)
         if calls:
-            rest = (extracted.content or "")[self._sent:]
-            if rest:
-                out["content"] = out.get("content", "") + rest
-            out["tool_calls"] = [{"index": i, **c.json()} for i, c in enumerate(calls)]
-        elif len(self._text) > self._sent:  # held text that was no call after all
-            out["content"] = out.get("content", "") + self._text[self._sent:]
+            content += (extracted.content or "")[self._sent:]
+        else:  # held text that was no call after all
+            content += self._text[self._sent:]
         self._sent = len(self._text)
-        return out, self._reason(extracted, reason)
+        return Delta(content, tuple(ToolCallDelta.whole(i, c) for i, c in enumerate(calls))), \
+            self._reason(extracted, reason)
 
-    def _named_delta(self, text: str, final: bool, reason: str | None) -> tuple[dict, str | None]:
-        calls = []
+    def _named_delta(self, text: str) -> Delta:
         if not self._opened:
             self._opened = True
             first = ToolCall(self.request.name or "", self._escape(text))
-            calls.append({"index": 0, **first.json()})
-        elif text:
-            calls.append({"index": 0, "function": {"arguments": self._escape(text)}})
-        return ({"tool_calls": calls} if calls else {}), reason
-
-
-async def tool_chunks(chunks: AsyncIterator[GenerationChunk], request: ToolRequest | None,
-                      parser: ToolParser | None) -> AsyncIterator[GenerationChunk]:
-    """The gRPC face's Chat stream under a tool request: each chunk's text as ToolAnswer.delta says (content held
-    while it may be a call), the calls on the final chunk with its finish reason. Without tools: as they come."""
-    answers: dict[int, ToolAnswer] = {}  # by choice (SamplingParams.n): their chunks interleave
-    async with contextlib.aclosing(chunks):  # closed with this one: a cancel reaches the engine call
-        async for chunk in chunks:
-            if request is None:
-                yield chunk
-                continue
-            answer = answers.setdefault(chunk.index, ToolAnswer(request, parser))
-            reason = chunk.finish_reason.value if chunk.finish_reason is not None else None
-            delta, reason = answer.delta(chunk.text, chunk.final, reason)
-            yield dataclasses.replace(chunk, text=delta.get("content", ""),
-                                      tool_calls=tuple(delta.get("tool_calls", ())),
-                                      finish_reason=FinishReason(reason) if reason is not None else None)
+            return Delta(calls=(ToolCallDelta.whole(0, first),))
+        return Delta(calls=(ToolCallDelta(0, self._escape(text)),) if text else ())

@@ -8,12 +8,15 @@ from pathlib import Path
 import torch
 from PIL import Image as PILImage
 
+from preprocessor.answer import Asked, chat
 from preprocessor.content import Conversation, Embeds, Image, ImageEmbeds, Message, RawTensor, Text, Where
 from preprocessor.core import PreprocessorCore
 from preprocessor.limits import Limits
 from preprocessor.model_files import ModelFiles, load_model_files, load_processor
+from preprocessor.outputs import Answered, GenerationChunk
 from preprocessor.template_sandbox import TemplateSandbox
 from splice.model_info import IMAGE, PROMPT_EMBEDS, TEXT, ModelInfo
+from splice.sampling import SamplingParams
 
 _FILES: dict[str, ModelFiles] = {}
 TRUSTING = Limits(trust_request_chat_template=True)
@@ -103,3 +106,11 @@ def conversation(*messages: tuple[str, list], **kw) -> Conversation:
                 built.append(Embeds("tensor", raw(p), where))
         out.append(Message(role, tuple(built), False, mi))
     return Conversation(tuple(out), **kw)
+
+
+async def chat_chunks(core: PreprocessorCore, conv: Conversation, sampling: SamplingParams,
+                      asked: Asked | None = None) -> list[GenerationChunk]:
+    """A conversation's answer as the pipeline streams it (answer.chat): its chunks, the events before Answered."""
+    events = [e async for e in chat(core, conv, sampling, asked or Asked())]
+    assert isinstance(events[-1], Answered) and not any(isinstance(e, Answered) for e in events[:-1])
+    return events[:-1]

@@ -13,7 +13,7 @@ from preprocessor.http.responses import ChatShape, Shape
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.sampling import SamplingParams
 from tests.preprocessor.http_face import http_face
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import chat_chunks, conversation
 
 ANSWERS = ("Red apples stop here and more.", "Green pears grow slowly in the orchard all summer, then fall.",
            "Blue plums stop early.")
@@ -78,7 +78,7 @@ async def test_the_engine_call_ends_when_every_choice_has_stopped(tiny):
     answers = [files.tokenizer(ANSWERS[i], add_special_tokens=False)["input_ids"] * 20 for i in (0, 2)]
     engine = ChoicesEngine(answers)
     core = PreprocessorCore(files, info, engine)
-    chunks = [c async for c in core.chat(conversation(("user", "Hi")), SamplingParams(n=2, stop=("stop",)))]
+    chunks = await chat_chunks(core, conversation(("user", "Hi")), SamplingParams(n=2, stop=("stop",)))
     assert [c.index for c in chunks if c.final] in ([0, 1], [1, 0])
     assert engine.closed.is_set() and max(engine.sent) < len(answers[0])  # cancelled, not read to the end
 

@@ -10,12 +10,13 @@ import asyncio
 
 import pytest
 
+from preprocessor.answer import chat, complete
 from preprocessor.content import Text, Where
 from preprocessor.core import PreprocessorCore
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import chat_chunks, conversation
 
 
 class ScriptedEngine:
@@ -43,17 +44,13 @@ class ScriptedEngine:
 ANSWER = "The café serves 世界 coffee. Then it stops here and never continues."
 
 
-async def _collect(agen):
-    return [c async for c in agen]
-
-
 @pytest.mark.parametrize("per_output", [1, 3])
 async def test_deltas_ids_and_usage(tiny, per_output):
     files, info = tiny["tiny-text"]
     ids = files.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(ids, per_output=per_output)
     core = PreprocessorCore(files, info, engine)
-    chunks = await _collect(core.chat(conversation(("user", "Hi")), SamplingParams()))
+    chunks = await chat_chunks(core, conversation(("user", "Hi")), SamplingParams())
     assert "".join(c.text for c in chunks) == ANSWER
     assert [t for c in chunks for t in c.token_ids] == ids
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -67,7 +64,7 @@ async def test_stop_string_ends_output_and_cancels_engine(tiny):
     ids = files.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(ids)
     core = PreprocessorCore(files, info, engine)
-    chunks = await _collect(core.chat(conversation(("user", "Hi")), SamplingParams(stop=("stops",))))
+    chunks = await chat_chunks(core, conversation(("user", "Hi")), SamplingParams(stop=("stops",)))
     text = "".join(c.text for c in chunks)
     assert text == ANSWER[:ANSWER.index("stops")]
     final = chunks[-1]
@@ -80,7 +77,7 @@ async def test_closing_the_stream_closes_the_engine_call(tiny):
     files, info = tiny["tiny-text"]
     engine = ScriptedEngine(list(range(3, 100)) * 10, final=False, delay=0.001)
     core = PreprocessorCore(files, info, engine)
-    stream = core.complete([Text("Hello", Where(None, 0))], SamplingParams())
+    stream = complete(core, [Text("Hello", Where(None, 0))], SamplingParams())
     await anext(stream)
     await stream.aclose()
     assert engine.closed.is_set()
@@ -92,7 +89,7 @@ async def test_cancelling_the_consumer_task_closes_the_engine_call(tiny):
     core = PreprocessorCore(files, info, engine)
 
     async def consume():
-        async for _ in core.chat(conversation(("user", "Hi")), SamplingParams()):
+        async for _ in chat(core, conversation(("user", "Hi")), SamplingParams()):
             pass
 
     task = asyncio.create_task(consume())
@@ -108,7 +105,7 @@ async def test_engine_stream_without_final_chunk_is_unavailable(tiny):
     files, info = tiny["tiny-text"]
     core = PreprocessorCore(files, info, ScriptedEngine([5, 6], final=False))
     with pytest.raises(SpliceError) as exc:
-        await _collect(core.chat(conversation(("user", "Hi")), SamplingParams()))
+        await chat_chunks(core, conversation(("user", "Hi")), SamplingParams())
     assert exc.value.code == "UNAVAILABLE" and "without a final chunk" in exc.value.message
 
 
@@ -117,5 +114,5 @@ async def test_rejections_happen_before_the_engine_is_contacted(tiny):
     engine = ScriptedEngine([5])
     core = PreprocessorCore(files, info, engine)
     with pytest.raises(SpliceError):
-        await _collect(core.chat(conversation(("user", "<|splice_prompt_embeds|>")), SamplingParams()))
+        await chat_chunks(core, conversation(("user", "<|splice_prompt_embeds|>")), SamplingParams())
     assert engine.requests == []

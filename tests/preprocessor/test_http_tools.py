@@ -48,6 +48,7 @@ async def test_streamed_call_reassembles(tiny_dirs, tiny):
             delta = chunk.choices[0].delta
             content += delta.content or ""
             for d in delta.tool_calls or []:
+                assert d.type == "function" if d.id else d.type is None  # (a call's first piece names its type)
                 call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
                 call["id"] = call["id"] or d.id
                 call["name"] += d.function.name or ""
@@ -152,25 +153,28 @@ async def test_request_templates_are_checked_for_tools_too(tiny_dirs, tiny):
         assert len(face.engine.requests) == 1  # the refused one never reached the engine
 
 
-async def test_grpc_stream_of_n_choices_keeps_each_choices_calls():
-    """The gRPC face's chunks of n choices interleave: each choice's text is held and parsed on its own."""
-    from preprocessor.outputs import GenerationChunk
-    from preprocessor.tools.answer import tool_chunks
+async def test_a_stream_of_n_choices_keeps_each_choices_calls():
+    """The answer's chunks of n choices interleave (both faces stream them): each choice's text is held and parsed on
+    its own."""
+    from preprocessor.answer import answer_events
+    from preprocessor.outputs import Answered, GenerationChunk
     from preprocessor.tools.parsers import get_parser
     from preprocessor.tools.request import ToolRequest
     from splice.engine_output import FinishReason
 
     async def engine():
         for piece in ('<tool_call>{"name": "get_weather", ', '"arguments": {"city": "Paris"}}</tool_call>'):
-            yield GenerationChunk(piece, (1,), index=0)
-            yield GenerationChunk("Plain " if piece.startswith("<") else "words", (1,), index=1)
-        yield GenerationChunk("", (), finish_reason=FinishReason.STOP, index=1)
-        yield GenerationChunk("", (), finish_reason=FinishReason.STOP, index=0)
+            yield 0, GenerationChunk(piece, (1,), index=0)
+            yield 1, GenerationChunk("Plain " if piece.startswith("<") else "words", (1,), index=1)
+        yield 1, GenerationChunk("", (), finish_reason=FinishReason.STOP, index=1)
+        yield 0, GenerationChunk("", (), finish_reason=FinishReason.STOP, index=0)
 
     request = ToolRequest((WEATHER,), "auto")
-    out = [c async for c in tool_chunks(engine(), request, get_parser("hermes"))]
+    events = [e async for e in answer_events(engine(), 2, request, get_parser("hermes"))]
+    assert isinstance(events[-1], Answered)
+    out = events[:-1]
     assert "".join(c.text for c in out if c.index == 0) == ""
     assert "".join(c.text for c in out if c.index == 1) == "Plain words"
     [call] = [p for c in out if c.index == 0 for p in c.tool_calls]
-    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
     assert [(c.index, c.finish_reason) for c in out if c.final] == [(1, "stop"), (0, "tool_calls")]

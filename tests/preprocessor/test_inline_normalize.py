@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from preprocessor.answer import Asked, chat, complete
 from preprocessor.content import TokenIds, Where
 from preprocessor.core import INLINE_NORMALIZE_CHARS, PreprocessorCore
 from splice.engine_output import EngineOutput, FinishReason, Usage
@@ -46,7 +47,7 @@ SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 async def _chat(core: _Watched, conv) -> None:
-    async for _ in core.chat(conv, SAMPLING, "r"):
+    async for _ in chat(core, conv, SAMPLING, Asked("r")):
         pass
 
 
@@ -71,7 +72,7 @@ async def test_complete_counts_token_ids_toward_the_bound(tiny):
     files, info = tiny["tiny-text"]
     core = _Watched(files, info, _Recorder())
     for n, on_loop in ((16, True), (INLINE_NORMALIZE_CHARS + 1, False)):
-        async for _ in core.complete([TokenIds(tuple([40] * n), Where(None, 0))], SAMPLING, "r"):
+        async for _ in complete(core, [TokenIds(tuple([40] * n), Where(None, 0))], SAMPLING, Asked("r")):
             pass
         assert core.threads[-1] is on_loop
 

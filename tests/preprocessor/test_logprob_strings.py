@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from preprocessor.answer import Collected, whole_answer
 from preprocessor.core import PreprocessorCore
 from preprocessor.http.logprobs import prompt_logprobs_json
-from preprocessor.http.responses import ChatShape, Collected, Shape
-from preprocessor.http.token_strings import TokenStrings
+from preprocessor.http.responses import ChatShape, Shape
 from preprocessor.outputs import GenerationChunk
+from preprocessor.token_strings import TokenStrings
 from splice.engine_output import FinishReason, Usage
 from splice.prompt_logprobs import PromptLogprobs
 
@@ -36,7 +37,7 @@ def _answer(core, text: str = "À la") -> GenerationChunk:
 def _whole(shape, answer: GenerationChunk) -> dict:
     collected = Collected()
     collected.add(answer)
-    return shape.response([collected])["choices"][0]["logprobs"]
+    return shape.response(whole_answer([collected]))["choices"][0]["logprobs"]
 
 
 def test_pieces_of_a_character_are_empty_then_the_character(core):
@@ -60,7 +61,7 @@ def test_a_stream_keeps_the_sequence_across_chunks(core):
         tokens = []
         for i, t in enumerate(answer.token_ids):
             piece = GenerationChunk("", (t,), (-0.5,), top_ids=(t, answer.token_ids[0]), top_logprobs=(-0.5, -1.5))
-            lp = shape.chunk(0, piece)["choices"][0]["logprobs"]
+            lp = shape.chunk(piece)["choices"][0]["logprobs"]
             tokens += [c["token"] for c in lp["content"]] if "content" in lp else lp["tokens"]
             if "text_offset" in lp:
                 assert lp["text_offset"] == [[0, 0, 1, 2, 3][i]]

@@ -10,6 +10,7 @@ import pytest
 
 import splice.prompt_logprobs as wire
 from clients.types import ChunkReader
+from preprocessor.encode import chunk_pbs
 from preprocessor.http.logprobs import (
     completion_logprobs,
     output_steps,
@@ -17,8 +18,8 @@ from preprocessor.http.logprobs import (
     prompt_steps,
     step_strings,
 )
-from preprocessor.http.token_strings import TokenStrings
 from preprocessor.outputs import GenerationChunk
+from preprocessor.token_strings import TokenStrings
 from splice.engine_output import FinishReason, Usage
 from splice.prompt_logprobs import PromptLogprobs
 
@@ -71,11 +72,11 @@ def test_completion_logprobs_with_echoed_prompt_then_generated_tokens():
 def test_a_long_prompts_logprobs_cross_the_public_face_in_pieces(monkeypatch):
     monkeypatch.setattr(wire, "PIECE_POSITIONS", 3)
     chunk = GenerationChunk(" dog", (8,), (-0.25,), FinishReason.LENGTH, Usage(4, 1), prompt_logprobs=PLP)
-    pbs = chunk.to_pbs()
+    pbs = chunk_pbs(chunk)
     assert [list(pb.token_ids) for pb in pbs] == [[], [8]] and pbs[1].text == " dog"
     reader = ChunkReader()
     got = [c for pb in pbs if (c := reader.read(pb)) is not None]
     assert len(got) == 1 and got[0].prompt_logprobs == PLP and got[0].usage == Usage(4, 1)
-    assert GenerationChunk("x", (1,)).to_pbs()[0].HasField("prompt_logprobs") is False
+    assert chunk_pbs(GenerationChunk("x", (1,)))[0].HasField("prompt_logprobs") is False
     with pytest.raises(ValueError, match="expected 0"):
         PromptLogprobs.join(PLP.split(3)[1:])

@@ -9,7 +9,7 @@ from preprocessor.core import PreprocessorCore
 from preprocessor.detokenizer import IncrementalDetokenizer
 from splice.engine_output import FinishReason
 from splice.sampling import SamplingParams
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import chat_chunks, conversation
 from tests.preprocessor.test_generation_stream import ScriptedEngine
 
 TEXT = "Le café 世界 🙂 naïve\n\n  spaced  out — ünïcödé, then plain words and 12345 digits."
@@ -46,7 +46,7 @@ async def _stream(tiny, ids: list[int], per_output: int, **sampling):
     files, info = tiny["tiny-text"]
     engine = ScriptedEngine(ids, per_output=per_output)
     core = PreprocessorCore(files, info, engine)
-    chunks = [c async for c in core.chat(conversation(("user", "Hi")), SamplingParams(**sampling))]
+    chunks = await chat_chunks(core, conversation(("user", "Hi")), SamplingParams(**sampling))
     return chunks, engine
 
 

@@ -21,6 +21,7 @@ from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.errors import SpliceError
 from splice.sampling import SamplingParams
 from tests.preprocessor.pp_factories import (
+    chat_chunks,
     conversation,
     files_for,
     model_info_from_config,
@@ -208,7 +209,7 @@ async def test_stream_never_emits_sentinel_text(tiny):
     hello = files.tokenizer("Hi there", add_special_tokens=False)["input_ids"]
     generated = [files.sentinels.ids[0], *hello, files.sentinels.ids[1]]
     core = PreprocessorCore(files, info, _Replay(generated))
-    chunks = [c async for c in core.chat(conversation(("user", "x")), SamplingParams(skip_special_tokens=False))]
+    chunks = await chat_chunks(core, conversation(("user", "x")), SamplingParams(skip_special_tokens=False))
     assert "".join(c.text for c in chunks) == "Hi there"
     assert [t for c in chunks for t in c.token_ids] == generated  # the IDs themselves are still reported
 

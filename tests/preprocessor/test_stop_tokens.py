@@ -13,12 +13,13 @@ import dataclasses
 import pytest
 
 from clients.types import Chunk
+from preprocessor.answer import Collected, whole_answer
 from preprocessor.core import PreprocessorCore
-from preprocessor.http.responses import ChatShape, Collected, Shape
-from preprocessor.http.token_strings import TokenStrings
+from preprocessor.encode import chunk_pb
+from preprocessor.http.responses import ChatShape, Shape
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.sampling import SamplingParams
-from tests.preprocessor.pp_factories import conversation
+from tests.preprocessor.pp_factories import chat_chunks, conversation
 
 
 class StopEngine:
@@ -45,7 +46,7 @@ def _setup(tiny):
 
 
 async def _answer(core, sampling):
-    chunks = [c async for c in core.chat(conversation(("user", "Count")), sampling)]
+    chunks = await chat_chunks(core, conversation(("user", "Count")), sampling)
     return chunks, "".join(c.text for c in chunks), chunks[-1]
 
 
@@ -99,13 +100,13 @@ async def test_grpc_chunks_and_json_carry_the_token(tiny):
     files, info, _tok, upto, comma = _setup(tiny)
     core = PreprocessorCore(files, info, StopEngine(upto))
     chunks, _, last = await _answer(core, SamplingParams(stop_token_ids=(comma,)))
-    assert Chunk.from_pb(last.to_pb()).stop_token_id == comma
-    assert all(Chunk.from_pb(c.to_pb()).stop_token_id is None for c in chunks[:-1])
-    strings = TokenStrings(core.token_texts, core.decode_ids)
+    assert Chunk.from_pb(chunk_pb(last)).stop_token_id == comma
+    assert all(Chunk.from_pb(chunk_pb(c)).stop_token_id is None for c in chunks[:-1])
+    strings = core.token_strings()
     for shape in (ChatShape("r", "m", strings), Shape("r", "m", strings)):
         collected = Collected()
         for c in chunks:
             collected.add(c)
-        assert shape.response([collected])["choices"][0]["stop_reason"] == comma
-        streamed = [shape.chunk(0, c) for c in chunks]
+        assert shape.response(whole_answer([collected]))["choices"][0]["stop_reason"] == comma
+        streamed = [shape.chunk(c) for c in chunks]
         assert streamed[-1]["choices"][0]["stop_reason"] == comma

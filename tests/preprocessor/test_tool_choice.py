@@ -116,7 +116,7 @@ def test_control_characters_in_constrained_arguments_come_out_escaped(raw):
     streamed = ToolAnswer(tool_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None,
                                        AUTO))
     parts = [streamed.delta(raw[:12], False, None)[0], streamed.delta(raw[12:], True, "stop")[0]]
-    assert json.loads("".join(p["tool_calls"][0]["function"]["arguments"] for p in parts)) == {"city": "Pa\tri\x01s"}
+    assert json.loads("".join(p.calls[0].arguments for p in parts)) == {"city": "Pa\tri\x01s"}
     required = ToolAnswer(tool_request([WEATHER], "required", None, AUTO))
     calls = required.whole(f'[{{"name": "get_weather", "parameters": {raw}}}]', "stop").calls
     assert [json.loads(c.arguments) for c in calls] == [{"city": "Pa\tri\x01s"}]

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from preprocessor.tools.answer import ToolAnswer
+from preprocessor.outputs import ToolCallDelta
+from preprocessor.tools.answer import Delta, ToolAnswer
 from preprocessor.tools.parsers import get_parser, parser_names
 from preprocessor.tools.request import ToolRequest
 
@@ -76,14 +77,14 @@ def test_pythonic():
         assert py.extract(text).calls == () and py.extract(text).content == text
 
 
-def _stream(answer: ToolAnswer, text: str, step: int) -> tuple[str, list[dict], str | None]:
+def _stream(answer: ToolAnswer, text: str, step: int) -> tuple[str, list[ToolCallDelta], str | None]:
     content, calls, reason = "", [], None
     pieces = [text[i:i + step] for i in range(0, len(text), step)] or [""]
     for i, piece in enumerate(pieces):
         final = i == len(pieces) - 1
         delta, reason = answer.delta(piece, final, "stop" if final else None)
-        content += delta.get("content", "")
-        calls += delta.get("tool_calls", [])
+        content += delta.content
+        calls += delta.calls
     return content, calls, reason
 
 
@@ -100,19 +101,19 @@ def test_streamed_answer_is_the_whole_answer(parser, text, step):
     whole = ToolAnswer(request, get_parser(parser)).whole(text, "stop")
     content, calls, reason = _stream(ToolAnswer(request, get_parser(parser)), text, step)
     assert content == (whole.content or "")
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
-        [(c.name, c.arguments) for c in whole.calls]
-    assert [c["index"] for c in calls] == list(range(len(calls)))
-    assert all(c["id"].startswith("chatcmpl-tool-") and c["type"] == "function" for c in calls)
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.calls]
+    assert [c.index for c in calls] == list(range(len(calls)))
+    assert all(c.id.startswith("chatcmpl-tool-") for c in calls)  # (each a function call: the JSON's type, see
+    # test_http_tools.py)
     assert reason == whole.finish_reason == ("tool_calls" if whole.calls else "stop")
 
 
 def test_content_before_a_call_streams_before_the_answer_ends():
     answer = ToolAnswer(ToolRequest(({"type": "function", "function": {"name": "f"}},), "auto"), get_parser("hermes"))
-    assert answer.delta("Sure <tool", False, None)[0] == {"content": "Sure "}  # "<tool" may start a call: held
-    assert answer.delta('_call>{"name": "f", "arguments": {}}</tool_call>', False, None)[0] == {}
+    assert answer.delta("Sure <tool", False, None)[0] == Delta("Sure ")  # "<tool" may start a call: held
+    assert answer.delta('_call>{"name": "f", "arguments": {}}</tool_call>', False, None)[0] == Delta()  # nothing
     delta, reason = answer.delta("", True, "stop")
-    assert delta["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"} and reason == "tool_calls"
+    assert (delta.calls[0].name, delta.calls[0].arguments) == ("f", "{}") and reason == "tool_calls"
 
 
 def test_parallel_false_keeps_the_first_call():
@@ -132,8 +133,8 @@ def test_a_call_nested_past_the_json_cap_is_content(name, text):
     assert parser.extract(text).calls == () and parser.extract(text).content == text
     answer = ToolAnswer(ToolRequest(({"type": "function", "function": {"name": "f"}},), "auto"), parser)
     streamed = [answer.delta(text[i:i + 100], i + 100 >= len(text), None) for i in range(0, len(text), 100)]
-    assert "".join(d.get("content", "") for d, _ in streamed) == text
-    assert not any("tool_calls" in d for d, _ in streamed)
+    assert "".join(d.content for d, _ in streamed) == text
+    assert not any(d.calls for d, _ in streamed)
 
 
 def test_a_required_answer_nested_past_the_json_cap_is_content():
