@@ -20,19 +20,15 @@ from pathlib import Path
 
 import grpc
 
-from app import lora_flags
-from app.real_model import REAL_MODELS
+from app import flags, lora_flags
+from app.flags import REAL_DEFAULT
 from app.tiny.names import DEFAULT_MODEL, TINY_NAMES
-from preprocessor.template_args import REASONING_EFFORTS
-from preprocessor.tools.parsers import parser_names
 from splice.errors import SpliceError
+from splice.flags import add_flags
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV
 
-REAL_DEFAULT = next(iter(REAL_MODELS))
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-MODEL_HELP = (f"a built-in tiny model {sorted(TINY_NAMES)}, the built-in real model {REAL_DEFAULT}, a local HF "
-              f"folder, or an HF id")
 
 
 def _say(message: str) -> None:
@@ -190,29 +186,6 @@ CHAT_CONTROLS = ("seed", "top_p", "top_k", "presence_penalty", "frequency_penalt
 # ... and onto ChatRequest fields
 CHAT_FIELDS = ("chat_template_kwargs", "documents", "reasoning_effort", "mm_processor_kwargs", "tools",
                "tool_choice", "parallel_tool_calls", "lora")
-
-
-def _logit_bias(text: str) -> tuple[int, float]:
-    try:
-        token, bias = text.split("=")
-        return int(token), float(bias)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 50256=-100), got {text!r}") from None
-
-
-def _token_ids(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected token IDs separated by commas (e.g. 5,17,42), got {text!r}") \
-            from None
-
-
-def _tool_choice(text: str) -> str | dict:
-    """--tool-choice: a mode, or any other word as the function's name (OpenAI's named choice)."""
-    if text in ("none", "auto", "required"):
-        return text
-    return {"type": "function", "function": {"name": text}}
 
 
 def chat_sampling(args: argparse.Namespace) -> dict:
@@ -400,6 +373,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The commands, each with its flags' tables (app/flags.py; the services': engine/cli.py, preprocessor/cli.py)."""
     parser = argparse.ArgumentParser(prog="splice", description="Serve chat models with text, images and "
                                      "caller-supplied prompt embeddings.")
     parser.add_argument("--version", action="version", version=f"splice {_version()}")
@@ -418,144 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start engine + preprocessor locally, restarting either if it crashes; "
                        "Ctrl-C stops both")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--host", default="127.0.0.1", help="the preprocessor's (public API's) listen address "
-                   "(0.0.0.0: all interfaces); the engine's is --engine-host")
-    p.add_argument("--port", type=int, default=50051, help="preprocessor (public API) port")
-    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's listen address (loopback: only this "
-                   "host reaches it)")
-    p.add_argument("--engine-port", type=int, default=50061, help="the engine's port")
-    p.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port (0: a free one)")
-    p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' on the public API, gRPC "
-                   f"and HTTP (default: ${API_KEY_ENV})")
-    p.add_argument("--engine-api-key", default=None, help="a key the engine requires from the preprocessor "
-                   f"(default: ${ENGINE_KEY_ENV}; with a public key and none given, a generated one)")
-    p.add_argument("--tls-cert", default=None, help="PEM certificate: the public API (gRPC and HTTP) serves TLS")
-    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    p.add_argument("--tls-ca", default=None, help="PEM CA: the public API requires client certificates signed by "
-                   "it (mTLS)")
-    p.add_argument("--engine-server-cert", default=None, help="PEM certificate: the engine serves TLS (with "
-                   "--engine-server-key and --engine-tls-ca)")
-    p.add_argument("--engine-server-key", default=None, help="PEM private key of --engine-server-cert")
-    p.add_argument("--engine-tls-ca", default=None, help="PEM CA the preprocessor trusts for the engine's "
-                   "certificate ('system': the system's roots); with --engine-tls-cert the engine also requires "
-                   "the preprocessor's certificate signed by it (mTLS)")
-    p.add_argument("--engine-tls-cert", default=None, help="the preprocessor's client certificate for the engine "
-                   "(mTLS on the engine link; with --engine-tls-key)")
-    p.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
-    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
-                   help="hosts and ports whose http(s) image URLs the HTTP API may fetch (a bare HOST: ports 80 and "
-                        "443 only)")
-    p.add_argument("--enable-mm-embeds", action="store_true",
-                   help="accept image_embeds content parts (precomputed image features), as vLLM's flag")
-    p.add_argument("--tool-call-parser", choices=parser_names(), default=None,
-                   help="how calls are read from an answer to a request with tools (vLLM's parsers)")
-    p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help='serve tool_choice "auto" (the default with tools); needs --tool-call-parser')
-    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="the names the HTTP API serves the model as (vLLM's; default: --model as given)")
-    p.add_argument("--engine-args", default="", metavar="'FLAGS'",
-                   help="more `splice engine` flags, one quoted string, e.g. '--max-running-seqs 8'")
-    p.add_argument("--preprocessor-args", default="", metavar="'FLAGS'",
-                   help="more `splice preprocessor` flags, e.g. '--trust-request-chat-template'")
+    add_flags(p, flags.UP_ADDRESSES, flags.UP_SECURITY, flags.UP_SERVING, flags.UP_PASSED_ON)
     lora_flags.add_up_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="do not relay the services' logs (load progress)")
+    add_flags(p, flags.UP_OUTPUT)
     p.set_defaults(func=_up, engine_key_generated=False)
 
     p = sub.add_parser("chat", help="send one conversation to a preprocessor and stream the answer")
-    p.add_argument("prompt", help="user text (sent after any --embeds and --image parts)")
-    p.add_argument("--target", default="127.0.0.1:50051", help="preprocessor HOST:PORT")
-    p.add_argument("--system", default=None, help="a system message sent first")
-    p.add_argument("--lora", default=None, metavar="NAME", help="answer with the LoRA adapter served as NAME")
-    p.add_argument("--image", action="append", metavar="PATH", help="image file (repeatable)")
-    p.add_argument("--embeds", action="append", metavar="FILE.safetensors",
-                   help="prompt embeddings [n, hidden], one tensor per file (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable sampled answer")
-    p.add_argument("--n", type=int, default=None, help="answers to sample from the one prompt (prefilled once), "
-                   "printed one after the other; with --seed, answer i samples with seed + i")
-    p.add_argument("--top-p", type=float, default=None, help="(0, 1]; nucleus sampling")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--presence-penalty", type=float, default=None, help="[-2, 2]; per token generated so far")
-    p.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2]; per time a token was generated")
-    p.add_argument("--repetition-penalty", type=float, default=None, help="> 0; over prompt and answer tokens")
-    p.add_argument("--min-p", type=float, default=None, help="[0, 1]; relative to the most likely token")
-    p.add_argument("--min-tokens", type=int, default=None, help="no EOS or stop before this many tokens")
-    p.add_argument("--logit-bias", action="append", type=_logit_bias, metavar="TOKEN_ID=BIAS",
-                   help="add BIAS in [-100, 100] to a token's logit (repeatable)")
-    p.add_argument("--allowed-token-ids", type=_token_ids, metavar="ID,ID,...",
-                   help="only these tokens may be generated")
-    p.add_argument("--bad-words", action="append", metavar="WORD", help="a word never generated (repeatable)")
-    p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
-    p.add_argument("--stop-token-ids", type=_token_ids, metavar="ID,ID,...",
-                   help="tokens that end the answer, besides the model's EOS")
-    p.add_argument("--include-stop-str-in-output", action="store_true",
-                   help="keep the matched stop string in the answer")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the model's EOS")
-    p.add_argument("--skip-special-tokens", action=argparse.BooleanOptionalAction, default=True,
-                   help="drop special tokens from the answer's text")
-    p.add_argument("--logprobs", action="store_true",
-                   help="print each answer token's ID and log-probability after the answer (on stderr)")
-    p.add_argument("--top-logprobs", type=int, default=None, metavar="N",
-                   help="[0, 20]; also the N most likely tokens at each step (implies --logprobs)")
-    p.add_argument("--logprob-token-ids", type=_token_ids, metavar="ID,ID,...",
-                   help="at each step the log-probabilities of exactly these tokens, instead of the most likely "
-                        "(implies --logprobs)")
-    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
-                   help="[0, 20]; print each prompt token's log-probability and rank, and the N most likely tokens "
-                        "at each prompt position (on stderr)")
-    p.add_argument("--cache-salt", default=None, metavar="SALT",
-                   help="vLLM's cache_salt: cached prompt prefixes are reused only between requests with the same "
-                        "salt (1..256 characters)")
-    p.add_argument("--structured-outputs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
-                   help="""the answer follows a constraint (vLLM's structured_outputs): one of json (a schema), """
-                        """regex, choice, grammar (EBNF), json_object, structural_tag, """
-                        """e.g. '{"choice": ["yes", "no"]}'""")
-    p.add_argument("--response-format", type=preprocessor_cli.json_flag(dict), metavar="JSON",
-                   help="""OpenAI's response_format, e.g. '{"type": "json_schema", "json_schema": {"name": "a", """
-                        """"schema": {...}}}' or '{"type": "json_object"}'""")
-    p.add_argument("--assistant", default=None, metavar="TEXT",
-                   help="an assistant message sent after the prompt (with --continue-final-message: the answer's "
-                        "start)")
-    p.add_argument("--continue-final-message", action="store_true",
-                   help="the answer continues the last message instead of starting a new turn (no generation "
-                        "prompt)")
-    p.add_argument("--add-special-tokens", action="store_true",
-                   help="add the tokenizer's special tokens (BOS) on top of the chat template's")
-    p.add_argument("--documents", type=preprocessor_cli.json_flag(list), metavar="JSON",
-                   help='documents for a RAG template, e.g. \'[{"title": "...", "text": "..."}]\'')
-    p.add_argument("--reasoning-effort", choices=REASONING_EFFORTS,
-                   help="passed to the chat template (with enable_thinking: not 'none')")
-    p.add_argument("--chat-template-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
-                   help="""extra chat template variables, e.g. '{"enable_thinking": false}'""")
-    p.add_argument("--mm-processor-kwargs", type=preprocessor_cli.json_flag(dict), metavar="JSON",
-                   help="""image processor arguments the model takes, e.g. '{"max_pixels": 200704}'""")
-    p.add_argument("--tools", type=preprocessor_cli.json_flag(list), metavar="JSON",
-                   help="""OpenAI's tools, e.g. '[{"type": "function", "function": {"name": "get_weather", """
-                        """"parameters": {...}}}]'; calls found are printed after the answer""")
-    p.add_argument("--tool-choice", type=_tool_choice, metavar="none|auto|required|NAME",
-                   help="with --tools: none, auto (the server's default with tools), required, or a function's name")
-    p.add_argument("--parallel-tool-calls", action=argparse.BooleanOptionalAction, default=None,
-                   help="--no-parallel-tool-calls: only the first call")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds the whole answer may take")
-    p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
-    p.add_argument("--tls-ca", default=None, help="connect over TLS, trusting this PEM CA")
-    p.add_argument("--tls-cert", default=None, help="client certificate for a server that requires one (mTLS)")
-    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    p.add_argument("--api-key", default=None, help="the server's key (default: $SPLICE_API_KEY)")
+    add_flags(p, flags.CHAT_MESSAGES, flags.CHAT_SAMPLING, flags.CHAT_LOGPROBS, flags.CHAT_CONSTRAINTS,
+              flags.CHAT_FIELDS, flags.CHAT_CONNECTION)
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("build-tiny", help="build (and train, for the default) the tiny built-in models into the cache")
-    p.add_argument("names", nargs="*", help="which to build (default: all)")
+    add_flags(p, flags.BUILD_TINY)
     p.set_defaults(func=_build_tiny)
 
     p = sub.add_parser("demo", help=f"a conversation of text, prompt embeddings, an image and text on "
                        f"{DEFAULT_MODEL}, then a question to the real model {REAL_DEFAULT}")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--max-tokens", type=int, default=24, help="tokens each answer generates at most")
-    p.add_argument("--real-model", default=REAL_DEFAULT, help="then ask this model a question whose tail is sent as "
-                   "prompt embeddings ('' skips it)")
+    add_flags(p, flags.DEMO)
     p.set_defaults(func=_demo)
     for command in sub.choices.values():
         state_defaults(command)

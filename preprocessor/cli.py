@@ -5,20 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.tools.parsers import parser_names
 from splice.drain import DEFAULT_GRACE
+from splice.flags import Flag, add_flags, flag, json_flag
 from splice.ports import Listen, first_unbindable
 from splice.security import API_KEY_ENV, ENGINE_KEY_ENV, ClientTLS, Security, server_tls
 from splice.service_main import CheckModel, Resolve, model_refused, run_service
@@ -28,119 +26,166 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", default="127.0.0.1:50061", help="HOST:PORT of splice.v1.Engine")
-    parser.add_argument("--model", default=None,
-                        help="tokenizer/processor source (built-in name, folder or HF id: its config and tokenizer "
-                             "files only are downloaded); default: the model the engine reports")
-    parser.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)")
-    parser.add_argument("--port", type=int, default=50051, help="0 picks a free port")
-    parser.add_argument("--allowed-media-dir", type=Path, default=None,
-                        help="allow image paths under this directory (off by default)")
-    parser.add_argument("--max-image-bytes", type=int, default=DEFAULTS.max_image_bytes)
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
-                        help="width x height of one image, from its header before decoding (default: %(default)s)")
-    parser.add_argument("--max-image-side", type=int, default=DEFAULTS.max_image_side,
-                        help="width and height of one image each, from its header (default: %(default)s)")
-    parser.add_argument("--max-image-aspect-ratio", type=float, default=DEFAULTS.max_image_aspect_ratio,
-                        help="longer side / shorter side of one image, from its header (default: %(default)g)")
-    parser.add_argument("--max-images", type=int, default=DEFAULTS.max_images)
-    parser.add_argument("--max-request-image-pixels", type=int, default=DEFAULTS.max_request_image_pixels,
-                        help="pixels of a request's images together, from their headers; what decoding them holds "
-                             "counts in --max-inflight-request-bytes (default: %(default)s = 4 x 4096 x 4096)")
-    parser.add_argument("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes)
-    parser.add_argument("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts)
-    parser.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts,
-                        help="prompts in one /v1/completions request (each is its own engine request)")
-    parser.add_argument("--enable-mm-embeds", action="store_true",
-                        help="accept image_embeds content parts: precomputed image features merged in place of a "
-                             "picture's (vLLM's flag; off: FAILED_PRECONDITION, HTTP 400)")
-    parser.add_argument("--trust-request-chat-template", action="store_true",
-                        help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker "
-                             "processes killed after --chat-template-timeout")
-    parser.add_argument("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
-                        help="seconds a request's chat template may take to render, queueing included")
-    parser.add_argument("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
-                        help="worker processes rendering request chat templates (one more waits started, to "
-                             "replace a worker killed for overrunning at once)")
-    parser.add_argument("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
-                        help="seconds an Upload stream (gRPC) or a request body (HTTP: 408) may stay silent before "
-                             "DEADLINE_EXCEEDED (it then releases its admission)")
-    parser.add_argument("--max-concurrent-requests", type=int, default=256,
-                        help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429")
-    parser.add_argument("--max-inflight-request-bytes", type=int, default=1 << 30,
-                        help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, "
-                             "decided from the message size (gRPC) or Content-Length (HTTP) before parsing, a chunked "
-                             "HTTP body counted as it arrives; one HTTP body larger than this: 413")
-    parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between engine checks")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus /metrics on --host at this port (0: a free one); default off")
-    parser.add_argument("--http-port", type=int, default=None,
-                        help="also serve the OpenAI-compatible HTTP API on --host at this port (0: a free one); "
-                             "default off")
-    parser.add_argument("--api-key", default=None,
-                        help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header "
-                             "alike (default: $SPLICE_API_KEY); health stays open, HTTP /metrics and the API docs "
-                             "(HTTP /docs, /redoc, /openapi.json; gRPC reflection) need the key unless opened")
-    parser.add_argument("--open-metrics", action="store_true",
-                        help="with --api-key: serve the HTTP face's /metrics without the key (default: off)")
-    parser.add_argument("--open-docs", action="store_true",
-                        help="with --api-key: serve /docs, /redoc, /openapi.json and gRPC reflection without the key "
-                             "(default: off)")
-    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)")
-    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    parser.add_argument("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)")
-    parser.add_argument("--engine-tls-ca", default=None,
-                        help="reach the engine over TLS, trusting this PEM CA ('system': the system's roots)")
-    parser.add_argument("--engine-tls-cert", default=None,
-                        help="client certificate to present to the engine (mTLS; with --engine-tls-key)")
-    parser.add_argument("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert")
-    parser.add_argument("--engine-api-key", default=None,
-                        help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)")
-    parser.add_argument("--engine-multiplex", action=argparse.BooleanOptionalAction, default=True,
-                        help="requests that fit in one message share one Multiplex stream to the engine, which answers "
-                             "with one message per step for all of them; a dns:, ipv4: or ipv6: --engine (replicas) "
-                             "keeps one call per request, balanced by gRPC (default: %(default)s)")
-    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
-                        default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
-                        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's switch, also "
-                             "$VLLM_ALLOW_RUNTIME_LORA_UPDATING), which load a PEFT folder on every engine replica "
-                             "(started with --enable-lora); they need --api-key's key like every route (default: off)")
-    parser.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
-                        help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port "
-                             "only, a bare HOST ports 80 and 443 only (default: none)")
-    parser.add_argument("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
-                        help="seconds to fetch one remote image")
-    parser.add_argument("--http-header-timeout", type=float, default=HttpOptions.header_timeout,
-                        help="seconds an HTTP connection has to send a request's headers (from opening, or from the "
-                             "first byte of its next request) before it is closed (default: %(default)s)")
-    parser.add_argument("--http-max-connections", type=int, default=HttpOptions.max_connections,
-                        help="HTTP connections open at once; one more is answered 503 and closed (default: "
-                             "%(default)s)")
-    parser.add_argument("--drain-grace", type=float, default=DEFAULT_GRACE,
-                        help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new "
-                             "requests UNAVAILABLE meanwhile)")
-    parser.add_argument("--tool-call-parser", choices=parser_names(), default=None,
-                        help="how calls are read from an answer to a request with tools (vLLM's parsers)")
-    parser.add_argument("--enable-auto-tool-choice", action="store_true",
-                        help='serve tool_choice "auto" (the default with tools): the model decides, the parser '
-                             "finds its calls; needs --tool-call-parser")
-    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                        help="the names the HTTP API serves the model as (vLLM's): /v1/models lists them, a "
-                             "request's model may be any of them, answers carry the first (default: the model's own "
-                             "name)")
-    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
-                        help="logprobs name tokens 'token_id:N' unless a request's return_tokens_as_token_ids says "
-                             "otherwise (vLLM's flag)")
-    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
-                        help="usage.prompt_tokens_details.cached_tokens: the prompt tokens read from the engine's "
-                             "prefix cache (vLLM's flag; off: null)")
-    parser.add_argument("--structured-outputs-config", type=structured_outputs_config, default=None, metavar="JSON",
-                        help="""vLLM's: '{"disable_any_whitespace": true}' writes JSON (structured outputs, tool """
-                             """calls) without whitespace between tokens; also --structured-outputs-config."""
-                             """disable_any_whitespace true""")
-    parser.add_argument("--structured-outputs-config.disable_any_whitespace", dest="disable_any_whitespace",
-                        type=_bool, default=None, metavar="BOOL", help=argparse.SUPPRESS)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    """The flags in the groups of docs/operations.md's configuration table."""
+    add_flags(parser, _engine_link(), _public_api(), _http_face(), _admission(), _request_limits(), _templates(),
+              _answers(), _service())
+
+
+def _engine_link() -> tuple[Flag, ...]:
+    """Which engine, and how it is reached."""
+    return (
+        flag("--engine", default="127.0.0.1:50061", help="HOST:PORT of splice.v1.Engine"),
+        flag("--model", default=None, help="tokenizer/processor source (built-in name, folder or HF id: its config and "
+                                           "tokenizer files only are downloaded); default: the model the engine "
+                                           "reports"),
+        flag("--poll-interval", type=float, default=2.0, help="seconds between engine checks"),
+        flag("--engine-tls-ca", default=None,
+             help="reach the engine over TLS, trusting this PEM CA ('system': the system's roots)"),
+        flag("--engine-tls-cert", default=None,
+             help="client certificate to present to the engine (mTLS; with --engine-tls-key)"),
+        flag("--engine-tls-key", default=None, help="PEM private key of --engine-tls-cert"),
+        flag("--engine-api-key", default=None, help="the key the engine requires (default: $SPLICE_ENGINE_API_KEY)"),
+        flag("--engine-multiplex", action=argparse.BooleanOptionalAction, default=True,
+             help="requests that fit in one message share one Multiplex stream to the engine, which answers with one "
+                  "message per step for all of them; a dns:, ipv4: or ipv6: --engine (replicas) keeps one call per "
+                  "request, balanced by gRPC (default: %(default)s)"),
+    )
+
+
+def _public_api() -> tuple[Flag, ...]:
+    """Who may call the public API (gRPC and HTTP)."""
+    return (
+        flag("--api-key", default=None,
+             help="require 'authorization: Bearer KEY' on the public API, gRPC metadata and HTTP header alike "
+                  "(default: $SPLICE_API_KEY); health stays open, HTTP /metrics and the API docs (HTTP /docs, /redoc, "
+                  "/openapi.json; gRPC reflection) need the key unless opened"),
+        flag("--open-metrics", action="store_true",
+             help="with --api-key: serve the HTTP face's /metrics without the key (default: off)"),
+        flag("--open-docs", action="store_true",
+             help="with --api-key: serve /docs, /redoc, /openapi.json and gRPC reflection without the key "
+                  "(default: off)"),
+    )
+
+
+def _http_face() -> tuple[Flag, ...]:
+    """The OpenAI-compatible HTTP API: its port, remote media, connection guards."""
+    return (
+        flag("--http-port", type=int, default=None,
+             help="also serve the OpenAI-compatible HTTP API on --host at this port (0: a free one); default off"),
+        flag("--allowed-media-domains", nargs="*", default=[], metavar="HOST[:PORT]",
+             help="hosts and ports whose http(s) image URLs the HTTP API may fetch: HOST:PORT that port only, a bare "
+                  "HOST ports 80 and 443 only (default: none)"),
+        flag("--media-fetch-timeout", type=float, default=HttpOptions.media_timeout,
+             help="seconds to fetch one remote image"),
+        flag("--http-header-timeout", type=float, default=HttpOptions.header_timeout,
+             help="seconds an HTTP connection has to send a request's headers (from opening, or from the first byte "
+                  "of its next request) before it is closed (default: %(default)s)"),
+        flag("--http-max-connections", type=int, default=HttpOptions.max_connections,
+             help="HTTP connections open at once; one more is answered 503 and closed (default: %(default)s)"),
+    )
+
+
+def _admission() -> tuple[Flag, ...]:
+    """What the requests in progress may hold together (docs/operations.md: the admission rule)."""
+    return (
+        flag("--max-concurrent-requests", type=int, default=256,
+             help="requests (gRPC and HTTP) worked on at once; beyond it RESOURCE_EXHAUSTED / 429"),
+        flag("--max-inflight-request-bytes", type=int, default=1 << 30,
+             help="request bytes held at once across requests; beyond it RESOURCE_EXHAUSTED / 429, decided from the "
+                  "message size (gRPC) or Content-Length (HTTP) before parsing, a chunked HTTP body counted as it "
+                  "arrives; one HTTP body larger than this: 413"),
+        flag("--upload-idle-timeout", type=float, default=DEFAULTS.upload_idle_timeout,
+             help="seconds an Upload stream (gRPC) or a request body (HTTP: 408) may stay silent before "
+                  "DEADLINE_EXCEEDED (it then releases its admission)"),
+    )
+
+
+def _request_limits() -> tuple[Flag, ...]:
+    """What one request may carry: images, embeddings, prompts."""
+    return (
+        flag("--allowed-media-dir", type=Path, default=None,
+             help="allow image paths under this directory (off by default)"),
+        flag("--max-images", type=int, default=DEFAULTS.max_images),
+        flag("--max-image-bytes", type=int, default=DEFAULTS.max_image_bytes),
+        flag("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
+             help="width x height of one image, from its header before decoding (default: %(default)s)"),
+        flag("--max-image-side", type=int, default=DEFAULTS.max_image_side,
+             help="width and height of one image each, from its header (default: %(default)s)"),
+        flag("--max-image-aspect-ratio", type=float, default=DEFAULTS.max_image_aspect_ratio,
+             help="longer side / shorter side of one image, from its header (default: %(default)g)"),
+        flag("--max-request-image-pixels", type=int, default=DEFAULTS.max_request_image_pixels,
+             help="pixels of a request's images together, from their headers; what decoding them holds counts in "
+                  "--max-inflight-request-bytes (default: %(default)s = 4 x 4096 x 4096)"),
+        flag("--max-embeds-parts", type=int, default=DEFAULTS.max_embeds_parts),
+        flag("--max-embeds-bytes", type=int, default=DEFAULTS.max_embeds_bytes),
+        flag("--enable-mm-embeds", action="store_true",
+             help="accept image_embeds content parts: precomputed image features merged in place of a picture's "
+                  "(vLLM's flag; off: FAILED_PRECONDITION, HTTP 400)"),
+        flag("--max-prompts", type=int, default=DEFAULTS.max_prompts,
+             help="prompts in one /v1/completions request (each is its own engine request)"),
+    )
+
+
+def _templates() -> tuple[Flag, ...]:
+    """Chat templates sent with requests."""
+    return (
+        flag("--trust-request-chat-template", action="store_true",
+             help="accept chat_template in requests (off: FAILED_PRECONDITION); they render in worker processes "
+                  "killed after --chat-template-timeout"),
+        flag("--chat-template-timeout", type=float, default=DEFAULTS.chat_template_timeout,
+             help="seconds a request's chat template may take to render, queueing included"),
+        flag("--chat-template-workers", type=int, default=DEFAULTS.chat_template_workers,
+             help="worker processes rendering request chat templates (one more waits started, to replace a worker "
+                  "killed for overrunning at once)"),
+    )
+
+
+def _answers() -> tuple[Flag, ...]:
+    """vLLM's serving flags: tool calls, the names served, LoRA updates, what answers show."""
+    return (
+        flag("--tool-call-parser", choices=parser_names(), default=None,
+             help="how calls are read from an answer to a request with tools (vLLM's parsers)"),
+        flag("--enable-auto-tool-choice", action="store_true",
+             help='serve tool_choice "auto" (the default with tools): the model decides, the parser finds its '
+                  "calls; needs --tool-call-parser"),
+        flag("--allow-runtime-lora-updating", action="store_true",
+             default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+             help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's switch, also "
+                  "$VLLM_ALLOW_RUNTIME_LORA_UPDATING), which load a PEFT folder on every engine replica (started "
+                  "with --enable-lora); they need --api-key's key like every route (default: off)"),
+        flag("--served-model-name", nargs="+", default=None, metavar="NAME",
+             help="the names the HTTP API serves the model as (vLLM's): /v1/models lists them, a request's model "
+                  "may be any of them, answers carry the first (default: the model's own name)"),
+        flag("--return-tokens-as-token-ids", action="store_true",
+             help="logprobs name tokens 'token_id:N' unless a request's return_tokens_as_token_ids says otherwise "
+                  "(vLLM's flag)"),
+        flag("--enable-prompt-tokens-details", action="store_true",
+             help="usage.prompt_tokens_details.cached_tokens: the prompt tokens read from the engine's prefix cache "
+                  "(vLLM's flag; off: null)"),
+        flag("--structured-outputs-config", type=structured_outputs_config, default=None, metavar="JSON",
+             help="""vLLM's: '{"disable_any_whitespace": true}' writes JSON (structured outputs, tool calls) """
+                  """without whitespace between tokens; also --structured-outputs-config.disable_any_whitespace """
+                  """true"""),
+        flag("--structured-outputs-config.disable_any_whitespace", dest="disable_any_whitespace", type=_bool,
+             default=None, metavar="BOOL", help=argparse.SUPPRESS),
+    )
+
+
+def _service() -> tuple[Flag, ...]:
+    """What every service takes: where it listens, TLS, drain, metrics, logs."""
+    return (
+        flag("--host", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)"),
+        flag("--port", type=int, default=50051, help="0 picks a free port"),
+        flag("--tls-cert", default=None, help="PEM certificate: serve TLS, gRPC and HTTP (with --tls-key)"),
+        flag("--tls-key", default=None, help="PEM private key of --tls-cert"),
+        flag("--tls-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)"),
+        flag("--drain-grace", type=float, default=DEFAULT_GRACE,
+             help="on SIGTERM: seconds running requests get to finish (health NOT_SERVING and new requests "
+                  "UNAVAILABLE meanwhile)"),
+        flag("--metrics-port", type=int, default=None,
+             help="serve Prometheus /metrics on --host at this port (0: a free one); default off"),
+        flag("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR"),
+    )
 
 
 def _bool(text: str) -> bool:
@@ -151,22 +196,6 @@ def _bool(text: str) -> bool:
 
 # vLLM's --structured-outputs-config keys that mean something here (xgrammar is the one backend)
 STRUCTURED_CONFIG = {"disable_any_whitespace": (True, False), "backend": ("xgrammar", "auto")}
-
-
-def json_flag(kind: type) -> Callable[[str], Any]:
-    """A flag's JSON value, of this JSON type (dict: an object, list: an array)."""
-    name = {dict: "object", list: "array"}[kind]
-
-    def parse(text: str) -> Any:
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:60]!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {name}, got {text[:60]!r}")
-        return value
-
-    return parse
 
 
 def structured_outputs_config(text: str) -> dict:
