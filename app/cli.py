@@ -223,7 +223,7 @@ def chat_fields(args: argparse.Namespace) -> dict:
     return fields
 
 
-def _print_tool_calls(chunks: list) -> None:
+def print_tool_calls(chunks: list) -> None:
     """A chat with tools: each call found, `name(arguments)`, its pieces joined by index."""
     calls: dict[int, list[str]] = {}
     for piece in (p for c in chunks for p in c.tool_calls):
@@ -234,7 +234,7 @@ def _print_tool_calls(chunks: list) -> None:
         print(f"tool call: {name}({arguments})", flush=True)
 
 
-def _print_logprobs(chunks: list) -> None:
+def print_logprobs(chunks: list) -> None:
     """--logprobs: each generated token's ID, text and log-probability, then its --top-logprobs alternatives; with
     --n, choice by choice."""
     several, shown = any(c.index for c in chunks), None
@@ -249,7 +249,7 @@ def _print_logprobs(chunks: list) -> None:
             _say(f"token {token}{text} logprob={logprob:.4f}{alternatives}")
 
 
-def _print_prompt_logprobs(chunks: list) -> None:
+def print_prompt_logprobs(chunks: list) -> None:
     """--prompt-logprobs: each prompt token's ID, log-probability and rank (none for the first), then its
     alternatives."""
     plp = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
@@ -308,11 +308,11 @@ def _chat(args: argparse.Namespace) -> int:
                 print(f"--- choice {i}")
                 print("".join(choices[i]), end="")
             print()
-            _print_tool_calls(chunks)
+            print_tool_calls(chunks)
             if sampling.get("prompt_logprobs") is not None:
-                _print_prompt_logprobs(chunks)
+                print_prompt_logprobs(chunks)
             if sampling.get("logprobs"):
-                _print_logprobs(chunks)
+                print_logprobs(chunks)
     except SpliceClientError as err:
         if err.code == grpc.StatusCode.UNAVAILABLE and not _listening(args.target):
             _say(f"no Splice server at {args.target}: start one with 'splice up' (or pass --target)")

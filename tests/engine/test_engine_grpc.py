@@ -99,7 +99,7 @@ def _embeds_req(rows: torch.Tensor, ids=(1, 0, 0, 2), span=(1, 2, 0)) -> EngineR
                          SamplingParams(**GREEDY, max_tokens=2))
 
 
-def _bad_requests(tiny_dirs, info: ModelInfo) -> dict[str, tuple[EngineRequest, str]]:
+def bad_requests(tiny_dirs, info: ModelInfo) -> dict[str, tuple[EngineRequest, str]]:
     ids, tensors = image_inputs(tiny_dirs["tiny-idefics3"])
     nan = torch.zeros(2, 64)
     nan[1, 3] = float("nan")
@@ -119,7 +119,7 @@ def _bad_requests(tiny_dirs, info: ModelInfo) -> dict[str, tuple[EngineRequest, 
 async def test_each_invalid_input_is_invalid_argument_and_the_engine_keeps_serving(server, stub, tiny_dirs):
     ok = text_request(random_ids(6, seed=1), max_tokens=4)
     baseline = [t for r in await _generate(stub[0], ok) for t in r.token_ids]  # however the steps were merged
-    for what, (req, message) in _bad_requests(tiny_dirs, server.engine.info).items():
+    for what, (req, message) in bad_requests(tiny_dirs, server.engine.info).items():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _generate(stub[0], req)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what
@@ -133,7 +133,7 @@ async def test_generate_whole_answers_and_refuses_as_the_stream_does(server, stu
     streamed, whole = await _generate(stub[0], req), await _generate_whole(stub[0], req)
     assert [t for r in whole for t in r.token_ids] == [t for r in streamed for t in r.token_ids]
     assert whole[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and whole[-1].usage == streamed[-1].usage
-    for what, (bad, message) in _bad_requests(tiny_dirs, server.engine.info).items():
+    for what, (bad, message) in bad_requests(tiny_dirs, server.engine.info).items():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _generate_whole(stub[0], bad)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what

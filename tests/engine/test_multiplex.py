@@ -22,7 +22,7 @@ from splice.errors import Unavailable
 from splice.metrics.rpc import RPCS
 from splice.v1 import engine_pb2, engine_pb2_grpc
 from tests.engine.engine_factories import image_inputs, random_ids, text_request, with_embed_span
-from tests.engine.test_engine_grpc import _bad_requests
+from tests.engine.test_engine_grpc import bad_requests
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -130,7 +130,7 @@ async def test_each_bad_request_ends_its_own_call_and_the_stream_keeps_serving(s
     mux, per_call = clients
     long = text_request(random_ids(5, seed=30), "long", max_tokens=40)
     running = asyncio.ensure_future(_tokens(mux, long))
-    for what, (bad, message) in _bad_requests(tiny_dirs, server.engine.info).items():
+    for what, (bad, message) in bad_requests(tiny_dirs, server.engine.info).items():
         if encode_whole(bad, encode_header(bad)) is None:
             continue
         with pytest.raises(EngineError) as err:

@@ -18,14 +18,14 @@ from app.demo import embedding_rows, sample_picture
 from tests.integration.conftest import MODEL
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def test_up_then_chat_with_image_and_embeds_then_ctrl_c(model_dir, tmp_path):
-    port, engine_port, http_port = _free_port(), _free_port(), _free_port()
+    port, engine_port, http_port = free_port(), free_port(), free_port()
     up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--model", MODEL, "--port", str(port),
                            "--engine-port", str(engine_port), "--http-port", str(http_port)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -27,7 +27,7 @@ def cached_stack(tiny_dirs):
     engine.stop()
 
 
-def _counts(address: str) -> tuple[float, float]:
+def encoder_cache_counts(address: str) -> tuple[float, float]:
     samples = scrape(address)
     return tuple(value(samples, f"splice_engine_encoder_cache_{n}_total") for n in ("queries", "hits"))
 
@@ -40,14 +40,14 @@ def test_same_size_pictures_answer_their_own_colour_and_a_resent_one_hits(cached
     picture_colours = ["red", "blue", "yellow", "purple"]
     pictures = {c: colors.picture(c, rng).resize(SIZE) for c in picture_colours}
     with SpliceClient(pre.address, timeout=120) as client:
-        start = _counts(address)
+        start = encoder_cache_counts(address)
         for c in picture_colours:
             answer = colors.read_answer(ask(client, shape.messages(pictures[c]), MAX_TOKENS)[0])
             assert answer == (c, "green"), (c, answer)
-        first = _counts(address)
+        first = encoder_cache_counts(address)
         assert first[0] - start[0] >= len(picture_colours) and first[1] == start[1]  # all new: no hit
         again = colors.read_answer(ask(client, shape.messages(pictures["red"]), MAX_TOKENS)[0])
-        resent = _counts(address)
+        resent = encoder_cache_counts(address)
     assert again == ("red", "green")
     queries, hits = resent[0] - first[0], resent[1] - first[1]
     assert queries >= 1 and hits == queries  # every piece (tile) of the re-sent picture found

@@ -10,7 +10,7 @@ from app.demo import sample_picture
 from app.launch import start_stack
 from app.scrape import metrics_address
 from clients import SpliceClient
-from tests.integration.test_encoder_cache import _counts
+from tests.integration.test_encoder_cache import encoder_cache_counts
 
 MODEL = "tiny-qwen2-vl"
 
@@ -35,12 +35,12 @@ def test_tenants_never_share_an_encoder_cache_entry(salted_stack):
     engine, pre = salted_stack
     address = metrics_address(engine)
     with SpliceClient(pre.address, timeout=120) as client:
-        before = _counts(address)
+        before = encoder_cache_counts(address)
         for salt in ("tenant-a", "tenant-b", "tenant-c"):
             _ask(client, salt)
-        after = _counts(address)
+        after = encoder_cache_counts(address)
         assert after[0] - before[0] >= 3  # each picture asked the cache
         assert after[1] == before[1], "a tenant hit another tenant's encoder-cache entry"
         _ask(client, "tenant-b")
-        again = _counts(address)
+        again = encoder_cache_counts(address)
     assert again[0] > after[0] and again[1] - after[1] == again[0] - after[0]  # its own entry, every piece

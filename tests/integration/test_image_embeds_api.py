@@ -56,7 +56,7 @@ def _data_url(picture) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _hf_features(model_dir, picture) -> tuple[torch.Tensor, dict[str, torch.Tensor], object]:
+def hf_features(model_dir, picture) -> tuple[torch.Tensor, dict[str, torch.Tensor], object]:
     """(the picture's features [rows, hidden] from the HF model's own vision tower and projector, the HF processor's
     tensors for it, the processor)."""
     import transformers
@@ -96,7 +96,7 @@ def test_idefics3_colors_over_http_as_vllm_sends_them(idefics3):
     with _openai(pre) as client:
         for color in ("blue", "red"):
             picture = colors.picture(color, rng)
-            features, _, processor = _hf_features(model_dir, picture)
+            features, _, processor = hf_features(model_dir, picture)
             tiles = processor.image_processor([picture], return_row_col_info=True)
             rows, cols = tiles["rows"][0][0], tiles["cols"][0][0]
             want = _demo_chat(client, {"type": "image_url", "image_url": {"url": _data_url(picture)}})
@@ -117,7 +117,7 @@ def test_idefics3_colors_over_http_as_vllm_sends_them(idefics3):
 def test_qwen2_vl_over_http_and_grpc(qwen, monkeypatch):
     pre, model_dir = qwen
     picture = sample_picture(90, 60)
-    features, tensors, _ = _hf_features(model_dir, picture)
+    features, tensors, _ = hf_features(model_dir, picture)
     grid = tensors["image_grid_thw"]  # [1, 3]
     with _openai(pre) as client:
         want = _chat(client, {"type": "image_url", "image_url": {"url": _data_url(picture)}}).choices[0].message
@@ -143,7 +143,7 @@ def test_qwen2_vl_over_http_and_grpc(qwen, monkeypatch):
 def test_with_prompt_embeds_on_a_model_whose_sentinels_overflow_its_vocabulary(idefics3):
     pre, model_dir = idefics3
     picture = sample_picture(70, 50)
-    features, _, processor = _hf_features(model_dir, picture)
+    features, _, processor = hf_features(model_dir, picture)
     tiles = processor.image_processor([picture], return_row_col_info=True)
     files = load_model_files(model_dir)
     with SpliceClient(pre.address, timeout=60) as grpc_client:

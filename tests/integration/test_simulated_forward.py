@@ -14,7 +14,7 @@ from app.scrape import scrape, value
 from clients import SpliceClient
 from engine.simulate import simulated_chain
 from tests.harness.up import Up
-from tests.integration.test_cli import _free_port
+from tests.integration.test_cli import free_port
 
 IDS = [45, 97, 123, 260, 333, 41, 512, 77]
 N = 12
@@ -24,7 +24,7 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def simulated_up(tiny_dirs):
-    metrics = _free_port()
+    metrics = free_port()
     up = Up("--port", "0", "--engine-port", "0", "--http-port", "0",
             f"--engine-args=--simulate-forward-ms 1 --max-running-seqs 8 --metrics-port {metrics}", model="tiny-text")
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from clients import SpliceClient, SpliceClientError
 from tests.harness.up import Up
-from tests.integration.test_cli import _free_port
+from tests.integration.test_cli import free_port
 
 
 def test_busy_port_is_one_line(tiny_dirs):
@@ -21,7 +21,7 @@ def test_busy_port_is_one_line(tiny_dirs):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        up = Up("--engine-port", str(port), "--port", str(_free_port()), "--http-port", "0")
+        up = Up("--engine-port", str(port), "--port", str(free_port()), "--http-port", "0")
         assert up.proc.wait(240) == 2
     up.read_until("splice up: port")  # its output is read to the end
     out = "".join(up.lines)
@@ -32,7 +32,7 @@ def test_busy_port_is_one_line(tiny_dirs):
 
 
 def test_killed_engine_is_restarted_with_its_flags(tiny_dirs):
-    port, engine_port = _free_port(), _free_port()
+    port, engine_port = free_port(), free_port()
     up = Up("--port", str(port), "--engine-port", str(engine_port), "--http-port", "0",
             "--engine-args", "--max-running-seqs 3", "--preprocessor-args", "--max-concurrent-requests 17")
     try:

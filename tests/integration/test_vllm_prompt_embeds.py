@@ -21,7 +21,7 @@ import torch
 
 from app.demo import embedding_rows, sample_picture, vllm_base64
 from app.launch import start_stack
-from tests.integration.test_image_embeds_api import _hf_features
+from tests.integration.test_image_embeds_api import hf_features
 
 MODEL = "tiny-text"
 VISION = "tiny-llava"
@@ -230,7 +230,7 @@ def test_invalid_base64(client):
 @pytest.fixture(scope="module")
 def image_embeds(tiny_dirs) -> torch.Tensor:
     """A picture's own precomputed features (vLLM's test asset: a stop sign's), from the HF model's vision tower."""
-    return _hf_features(tiny_dirs[VISION], sample_picture(80, 40))[0]
+    return hf_features(tiny_dirs[VISION], sample_picture(80, 40))[0]
 
 
 def test_prompt_embeds_plus_image_embeds(vision_client, tiny_dirs, image_embeds):

@@ -18,7 +18,7 @@ from preprocessor.limits import Limits
 from preprocessor.server import PreprocessorServer
 from splice.security import Security
 from tests.preprocessor.standin_engine import StandinEngine, start_standin
-from tests.preprocessor.test_engine_link import _wait_health
+from tests.preprocessor.test_engine_link import wait_health
 
 
 @dataclass
@@ -51,7 +51,7 @@ async def http_face(tiny_dirs, tiny, name: str = "tiny-text", http: HttpOptions 
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", headers=headers, timeout=60)
     try:
-        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
         yield Face(pre, engine, client, channel)
     finally:
         await client.aclose()

@@ -15,7 +15,7 @@ from preprocessor.http.options import HttpOptions
 from preprocessor.server import PreprocessorServer
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 from tests.preprocessor.standin_engine import StandinEngine, start_standin
-from tests.preprocessor.test_engine_link import _wait_health
+from tests.preprocessor.test_engine_link import wait_health
 
 pb = preprocessor_pb2
 MAX_BYTES = 64 * 1024
@@ -32,7 +32,7 @@ async def test_caps_on_requests_and_bytes_across_both_faces(tiny_dirs, tiny):
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", timeout=30)
     try:
-        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
         stub = preprocessor_pb2_grpc.PreprocessorStub(channel)
 
         # Bytes: one message larger than the cap is refused before it is parsed; a small one passes.

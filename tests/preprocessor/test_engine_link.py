@@ -26,7 +26,7 @@ pb = preprocessor_pb2
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def _wait_health(channel, want, timeout: float = 10.0) -> None:
+async def wait_health(channel, want, timeout: float = 10.0) -> None:
     stub = health_pb2_grpc.HealthStub(channel)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -53,7 +53,7 @@ async def _link(tiny_dirs, tiny, name, model_flag=True, multiplex=True, kind=Sta
                              poll_interval=0.1, resolve=resolve_model, engine_multiplex=multiplex)
     port = await pre.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+    await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
     return engine, engine_server, engine_port, pre, channel
 
 
@@ -154,9 +154,9 @@ async def test_serves_again_after_an_engine_restart(tiny_dirs, tiny):
     engine, es, engine_port, pre, channel = await _link(tiny_dirs, tiny, "tiny-text", model_flag=False)
     try:
         await es.stop(0)
-        await _wait_health(channel, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.NOT_SERVING)
         es, _ = await start_standin(StandinEngine(engine.info, engine.reply_ids), engine_port)
-        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
         chunks = [c async for c in preprocessor_pb2_grpc.PreprocessorStub(channel).Chat(
             pb.ChatRequest(messages=[pb.ChatMessage(role="user", text="hi")]))]
         assert "".join(c.text for c in chunks) == "All good here."

@@ -22,7 +22,7 @@ from preprocessor.server import PreprocessorServer
 from splice.v1 import common_pb2, preprocessor_pb2, preprocessor_pb2_grpc
 from tests.preprocessor.pp_factories import png_bytes
 from tests.preprocessor.standin_engine import StandinEngine, start_standin
-from tests.preprocessor.test_engine_link import _wait_health
+from tests.preprocessor.test_engine_link import wait_health
 
 pb = preprocessor_pb2
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -49,7 +49,7 @@ async def faces(tiny_dirs, tiny, tmp_path_factory):
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", timeout=60)
     try:
-        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
         yield Faces(preprocessor_pb2_grpc.PreprocessorStub(channel), http, media, pre)
     finally:
         await http.aclose()

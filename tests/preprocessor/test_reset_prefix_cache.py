@@ -21,7 +21,7 @@ from preprocessor.server import PreprocessorServer
 from splice.security import Security
 from splice.v1 import engine_pb2
 from tests.preprocessor.standin_engine import StandinEngine, start_standin
-from tests.preprocessor.test_engine_link import _wait_health
+from tests.preprocessor.test_engine_link import wait_health
 
 KEY = "k3y"
 
@@ -66,7 +66,7 @@ async def _stack(tiny_dirs, tiny, kinds: str) -> AsyncIterator[tuple[httpx.Async
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pre.http_port}", timeout=60,
                                headers={"Authorization": f"Bearer {KEY}"})
     try:
-        await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        await wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
         yield client, engines, addresses
     finally:
         await client.aclose()
