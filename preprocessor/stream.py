@@ -1,4 +1,5 @@
-"""Engine token stream -> GenerationChunks: incremental detokenization, stop strings, stop tokens, usage (step 7).
+"""Engine token stream -> GenerationChunks: incremental detokenization, stop strings, stop tokens, usage (step 5 of
+a request in the preprocessor, docs/architecture.md).
 
 A choice the engine ended on a token (an EOS, a stop_token_ids token, a grammar's end) ends as vLLM's: the token is
 in its IDs and logprobs, not in its text unless include_stop_str_in_output, and its stop_reason names the token
