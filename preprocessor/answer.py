@@ -3,9 +3,9 @@
 prepare_chat / prepare_complete turn a request into an Answer (the core normalizes it; every refusal happens there,
 before the engine is contacted); Answer.stream yields its typed events (outputs.py): each choice's chunks as the
 engine's outputs come (core.generate), the text of a request with tools read for calls (tools/answer.py), then
-Answered with the request's usage. Answer.collect and Answer.whole make the same answer whole, for a response that
-is not streamed. The faces only translate these: protobuf at the gRPC servicer (encode.py), JSON and SSE at the HTTP
-routes (http/responses.py, http/streaming.py).
+Answered with the request's usage. Answer.whole makes the same answer whole, for a response that is not streamed. The
+faces only translate these: protobuf at the gRPC servicer (encode.py), JSON and SSE at the HTTP routes
+(http/responses.py, http/streaming.py).
 
 What a request means is decided here once, whichever face it came through: what `echo` repeats and the prompt
 logprobs it asks for, the answer's role, its tool calls (as it streams, or whole), its usage over n choices.
@@ -25,10 +25,14 @@ from preprocessor.tools.answer import ToolAnswer
 from preprocessor.tools.parsers import ToolParser
 from preprocessor.tools.request import ToolRequest
 from splice.engine_output import FinishReason, Usage
+from splice.offload import gc_paused, inline_or_thread
 from splice.prompt_logprobs import PromptLogprobs
 from splice.sampling import SamplingParams
 
 Event = GenerationChunk | Answered
+# A whole answer of up to this many tokens (all choices) is joined and read for calls on the event loop: less time
+# than a thread's hand-off.
+INLINE_WHOLE_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -80,16 +84,20 @@ async def prepare_chat(core: PreprocessorCore, conv: Conversation, sampling: Sam
                        asked: Asked = Asked()) -> Answer:
     """`conv`'s answer, the request normalized and every refusal made (the engine is not contacted yet)."""
     sampling = echoed_sampling(sampling, asked, bool(conv.parts(Embeds)))
-    prepared = await core.prepare_chat(conv, sampling, asked.request_id, asked.lora)
-    return Answer(core, prepared, asked.tools, answer_role(conv), (echo_text(conv),) if asked.echo else None)
+    role, echo = answer_role(conv), (echo_text(conv),) if asked.echo else None
+    return Answer(core, await core.prepare_chat(conv, sampling, asked.request_id, asked.lora), asked.tools, role,
+                  echo)
 
 
 async def prepare_complete(core: PreprocessorCore, prompts: Sequence[Sequence[PromptPart]], sampling: SamplingParams,
                            asked: Asked = Asked(), add_special_tokens: bool = True) -> Answer:
     """The answer to one prompt or a batch of them (each its own engine request: core.prepare_complete)."""
     sampling = echoed_sampling(sampling, asked, False)  # (echo with embeddings is refused by the face)
-    prepared = await core.prepare_complete(prompts, sampling, asked.request_id, add_special_tokens, asked.lora)
-    return Answer(core, prepared, echo=tuple(prompt_text(core, p) for p in prompts) if asked.echo else None)
+    answer = Answer(core, await core.prepare_complete(prompts, sampling, asked.request_id, add_special_tokens,
+                                                      asked.lora))
+    if asked.echo:  # (the prompts are valid now: token IDs decode)
+        answer.echo = tuple(prompt_text(core, p) for p in prompts)
+    return answer
 
 
 async def chat(core: PreprocessorCore, conv: Conversation, sampling: SamplingParams,
@@ -112,7 +120,7 @@ async def complete(core: PreprocessorCore, prompt: Sequence[PromptPart], samplin
 
 
 class Answer:
-    """A prepared request's answer: streamed (stream) or whole (collect, then whole)."""
+    """A prepared request's answer: streamed (stream) or whole (whole)."""
 
     def __init__(self, core: PreprocessorCore, prepared: Prepared, tools: ToolRequest | None = None,
                  role: str = "assistant", echo: tuple[str, ...] | None = None) -> None:
@@ -148,18 +156,16 @@ class Answer:
     def stream(self) -> AsyncIterator[Event]:
         return answer_events(self.core.generate(self.prepared), self.n, self.tools, self.parser)
 
-    async def collect(self) -> list[Collected]:
-        """Each choice's chunks as the engine sends them, joined as they come (for whole)."""
+    async def whole(self) -> WholeAnswer:
+        """The answer whole: each choice's chunks joined as they come, then read for tool calls (from all of each
+        choice's text: in a thread when the answer is large, as nothing that grows with a request runs on the loop)."""
         collected = [Collected() for _ in range(self.choices)]
         async with aclosing(self.core.generate(self.prepared)) as chunks:
             async for i, chunk in chunks:
                 collected[i].add(chunk)
-        return collected
-
-    def whole(self, collected: Sequence[Collected]) -> WholeAnswer:
-        """The collected answer whole. Its text may be long (the calls are read from all of it): a face builds it
-        off the event loop when it is large."""
-        return whole_answer(collected, self.n, self.tools, self.parser)
+        small = sum(len(c.token_ids) for c in collected) <= INLINE_WHOLE_TOKENS and \
+            not any(c.prompt_logprobs for c in collected)
+        return await inline_or_thread(small, whole_answer, collected, self.n, self.tools, self.parser)
 
 
 async def answer_events(chunks: AsyncIterator[tuple[int, GenerationChunk]], n: int, tools: ToolRequest | None = None,
@@ -233,8 +239,9 @@ def whole_answer(collected: Sequence[Collected], n: int = 1, tools: ToolRequest 
                  parser: ToolParser | None = None) -> WholeAnswer:
     """The collected choices whole (by choice index, `n` per prompt), read for tool calls when the request has tools,
     with the request's usage."""
-    return WholeAnswer(tuple(_whole_choice(c.joined(i), tools, parser) for i, c in enumerate(collected)),
-                       total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)}, n))
+    with gc_paused():  # (a long answer's join and parse make many objects; full collections would hold the GIL)
+        return WholeAnswer(tuple(_whole_choice(c.joined(i), tools, parser) for i, c in enumerate(collected)),
+                           total_usage({i: c.last.usage if c.last else None for i, c in enumerate(collected)}, n))
 
 
 def _whole_choice(joined: GenerationChunk, tools: ToolRequest | None, parser: ToolParser | None) -> WholeChoice:

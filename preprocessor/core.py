@@ -127,8 +127,9 @@ class PreprocessorCore:
         if self._sandbox is None:
             raise RuntimeError("request templates are trusted but this core has no template sandbox")
         f = self.files
-        prompt = await self._sandbox.render_async(request_job(f.tokenizer, conv, f.image_placeholder, f.sentinels))
-        return lambda job: prompt
+        job = request_job(f.tokenizer, conv, f.image_placeholder, f.sentinels)
+        prompt = await self._sandbox.render_async(job)
+        return lambda _: prompt
 
     def check_conversation(self, conv: Conversation) -> None:
         """The cheap bounds (request_bounds.py): a conversation that certainly cannot fit is refused before any of it
@@ -163,13 +164,13 @@ class PreprocessorCore:
         """The conversation normalized, ready for generate(): every rejection happens here, before the engine is
         contacted. `lora`: the LoRA adapter it runs under (its name, already checked: preprocessor/loras.py)."""
         arrival = time.perf_counter()
-        check_max_tokens(sampling, self.info)
         sampling = self._served(sampling)
         # Normalized fully before the engine is contacted: every rejection happens here. In a thread unless it is
         # short text (INLINE_NORMALIZE_CHARS) with plain template arguments and no structured output: checking a spec,
         # image processing, tensor decoding and long conversations would stall every other stream.
         inline = _plain_kwargs(conv.template_kwargs) and sampling.structured is None and \
             _inline(p for m in conv.messages for p in m.parts)
+        check_max_tokens(sampling, self.info)
         await inline_or_thread(inline, self._check_chat, conv, sampling)
         rendered = await self._prerendered(conv)
         rid = self._request_id(request_id)

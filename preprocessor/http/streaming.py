@@ -18,10 +18,11 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from preprocessor.answer import Answer, Collected, Event
+from preprocessor.answer import Answer, Event
 from preprocessor.http.errors import error_body, splice_error_body
 from preprocessor.http.json_body import json_response
 from preprocessor.http.responses import Shape
+from preprocessor.outputs import WholeAnswer
 from splice.errors import SpliceError
 from splice.offload import gc_paused
 
@@ -60,27 +61,27 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 async def respond(request: Request, answer: Answer, shape: Shape, stream: bool) -> Response:
-    """The answer streamed (SSE) or whole; a whole one's size is charged to the request's admission first."""
-    if stream:
-        return await stream_response(request, answer.stream(), shape)
-    shape.charge(answer)
-    return await whole_response(request, answer, shape)
+    """The answer whole, or streamed (SSE)."""
+    if not stream:
+        return await whole_response(request, answer, shape)
+    return await stream_response(request, answer.stream(), shape)
 
 
 async def whole_response(request: Request, answer: Answer, shape: Shape) -> Response:
-    """The body is built in a thread, in pieces (json_body.py): an answer of many choices with logprobs is hundreds
-    of MB of JSON."""
-    collected = await until_disconnected(request, answer.collect())
-    small = sum(len(c.token_ids) for c in collected) <= INLINE_ANSWER_TOKENS and \
-        not any(c.prompt_logprobs for c in collected)
+    """The answer's size is charged to the request's admission before any of it is generated. The body is built in a
+    thread, in pieces (json_body.py): an answer of many choices with logprobs is hundreds of MB of JSON."""
+    shape.charge(answer)
+    whole = await until_disconnected(request, answer.whole())
+    small = sum(len(c.joined.token_ids) for c in whole.choices) <= INLINE_ANSWER_TOKENS and \
+        not any(c.joined.prompt_logprobs for c in whole.choices)
     if small:
-        return json_response(shape.response(answer.whole(collected)))
-    return await asyncio.to_thread(_built, shape, answer, collected)
+        return json_response(shape.response(whole))
+    return await asyncio.to_thread(_built, shape, whole)
 
 
-def _built(shape: Shape, answer: Answer, collected: list[Collected]) -> Response:
+def _built(shape: Shape, whole: WholeAnswer) -> Response:
     with gc_paused():  # (millions of small objects: full collections would hold the GIL for most of a second)
-        return json_response(shape.response(answer.whole(collected)))
+        return json_response(shape.response(whole))
 
 
 def _event(body: dict) -> bytes:
