@@ -93,11 +93,9 @@ async def prepare_complete(core: PreprocessorCore, prompts: Sequence[Sequence[Pr
                            asked: Asked = Asked(), add_special_tokens: bool = True) -> Answer:
     """The answer to one prompt or a batch of them (each its own engine request: core.prepare_complete)."""
     sampling = echoed_sampling(sampling, asked, False)  # (echo with embeddings is refused by the face)
-    answer = Answer(core, await core.prepare_complete(prompts, sampling, asked.request_id, add_special_tokens,
-                                                      asked.lora))
-    if asked.echo:  # (the prompts are valid now: token IDs decode)
-        answer.echo = tuple(prompt_text(core, p) for p in prompts)
-    return answer
+    prepared = await core.prepare_complete(prompts, sampling, asked.request_id, add_special_tokens, asked.lora)
+    # (after preparing: the prompts' token IDs are valid, so they decode)
+    return Answer(core, prepared, echo=tuple(prompt_text(core, p) for p in prompts) if asked.echo else None)
 
 
 async def chat(core: PreprocessorCore, conv: Conversation, sampling: SamplingParams,
