@@ -94,12 +94,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, tokens: list[int], parts: list[PromptPart]) -> RunnerOutput:
-        """One step: a decode of every row (`tokens`: each row's last token, in slot order; none: the rows do not move)
-        and the prompt positions of `parts`. A part whose prefill fails is in `failed` and left nothing behind; raises
-        only when the decode failed (the shared cache may be half-updated: every row is lost). A part that does not
-        complete its prompt is alone in its step (the scheduler admits nothing beside it): its columns wait in the slot
-        after the rows."""
-        assert len(tokens) in (0, self.rows)
+        """One step: a decode of the first len(tokens) rows (`tokens`: each one's last token, in slot order; the rows
+        after them are paused and do not move, engine/flow.py; none: no row moves) and the prompt positions of
+        `parts`. A part whose prefill fails is in `failed` and left nothing behind; raises only when the decode failed
+        (the shared cache may be half-updated: every row is lost). A part that does not complete its prompt is alone
+        in its step (the scheduler admits nothing beside it): its columns wait in the slot after the rows."""
+        assert len(tokens) <= self.rows
         assert len(parts) == 1 or all(p.end == len(p.prompt.token_ids) for p in parts)
         hits = [p for p in parts if p.slot is None and p.start > 0]
         if hits:  # their cached blocks stay until they are read, whatever other prompts keep first
@@ -132,17 +132,17 @@ class ModelRunner:
         """The step as one forward (engine/forwards.py `packed`), each part in a slot after the rows in use (in part
         order) -> logits of the rows, then of the completed prompts, whose rows join the batch."""
         b, f = self.batch, self.family
-        rows = b.kv.rows
+        rows, decoded = b.kv.rows, len(tokens)
         pieces = [(p.prompt, rows + i, p.start, self._place(p, rows + i)) for i, p in enumerate(parts)]
         hidden = fw.packed(f, b, tokens, pieces)  # [N, hidden]
         out = RunnerOutput(packed=True)
         complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
-        lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token
-        at = rows
+        lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + decoded - 1  # each piece's last token
+        at = decoded
         for i, (p, _, s, e) in enumerate(pieces):  # the prompts that asked for prompt logprobs score their positions
             self._score(out, i, p)(hidden[at:at + e - s], s)
             at += e - s
-        out.logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
+        out.logits = f.logits(torch.cat([hidden[:decoded], hidden[lasts[complete]]]))  # [decoded + complete, vocab]
         if complete:
             self._join(b.kv, b.cache, [parts[k] for k in complete], complete, [0] * len(complete),
                        [pieces[k][3] for k in complete], out)
@@ -316,6 +316,16 @@ class ModelRunner:
         whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
         if whole > 0:
             self._keep(keys[:whole], b.kv, slot, start + first * size)
+
+    @torch.inference_mode()
+    def swap(self, a: int, b: int) -> None:
+        """Rows `a` and `b` trade slots (their columns, family states and positions): the engine keeps the rows a step
+        decodes first, and those whose reader fell behind after them (engine/flow.py)."""
+        batch = self.batch
+        batch.kv.swap(a, b)
+        self.family.cache.swap(batch.cache, a, b)
+        batch.positions[[a, b]] = batch.positions[[b, a]]
+        batch.kv.refresh()
 
     @torch.inference_mode()
     def remove(self, slots: list[int]) -> dict[int, int]:

@@ -9,7 +9,8 @@ and the prompts' own lengths are what it costs — their padded size still withi
 two-forward fallback), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running
 streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
 per step (a Span of it), and decodes once its last part is in. An idle engine admits up to `max_batch_tokens` at
-once. Finished and aborted ones leave at the boundary they finish on.
+once. Finished and aborted ones leave at the boundary they finish on. A running sequence whose request's reader fell
+behind (`Sequence.paused`, engine/flow.py) is left out of the decode, keeping its slot, until the reader catches up.
 
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
@@ -55,6 +56,9 @@ class SchedulerOutput:
     # this step's prompt positions: the prompts admitted in it, whole (after their cached prefix), or the next part of
     # a long one (then alone)
     prefill: list[Span] = field(default_factory=list)
+    # running, their prompt in, but not decoded in this step: their request's reader is behind (Sequence.paused); they
+    # keep their slots and decode again once it reads
+    paused: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -77,9 +81,11 @@ class Scheduler:
 
     def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
                  mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False,
-                 lookup: Callable[[Sequence], int] | None = None) -> None:
-        """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache)."""
+                 lookup: Callable[[Sequence], int] | None = None, max_seqs_per_request: int | None = None) -> None:
+        """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache);
+        `max_seqs_per_request`: the most choices one request may hold (None: `max_running_seqs`)."""
         self.max_running_seqs = max_running_seqs
+        self.max_seqs_per_request = max_seqs_per_request
         self.packs_mixed_steps = packs_mixed_steps
         self.max_batch_tokens = max_batch_tokens
         self.mixed_prefill_tokens = mixed_prefill_tokens
@@ -100,6 +106,9 @@ class Scheduler:
 
     def check_choices(self, n: int) -> None:
         """InvalidArgument when a request of `n` choices could never run here (before any work is spent on it)."""
+        if self.max_seqs_per_request is not None and n > self.max_seqs_per_request:
+            raise InvalidArgument(f"n is {n}, but one request may hold at most {self.max_seqs_per_request} sequences "
+                                  f"on this engine (--max-seqs-per-request)")
         if n > self.max_running_seqs:
             raise InvalidArgument(f"n is {n}, but this engine runs at most {self.max_running_seqs} sequences at once "
                                   f"(--max-running-seqs), and all n choices of a request run together")
@@ -122,17 +131,21 @@ class Scheduler:
         return next((s for s in self.running if s.prefilling), None)
 
     def schedule(self) -> SchedulerOutput:
-        decode = [s for s in self.running if not s.prefilling]
+        decode, paused = [], []
+        for s in self.running:
+            if not s.prefilling:
+                (paused if s.paused else decode).append(s)
         budget = min(self.max_batch_tokens, self.mixed_prefill_tokens) if decode else self.max_batch_tokens
-        if len(decode) < len(self.running):  # a long prompt: nothing else is admitted until it is in
+        if len(decode) + len(paused) < len(self.running):  # a long prompt: nothing else is admitted until it is in
             seq = self.prefilling
-            return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))])
+            return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))],
+                                   paused)
         room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
         cached = self._cached(self.waiting[0]) if room else 0
         if decode and room and self.waiting[0].prompt_len - cached > budget:  # its rest goes over several steps
             seq = self.waiting.popleft()
             self._admit(seq, cached)
-            return SchedulerOutput(decode, [Span(seq, cached, cached + budget)])
+            return SchedulerOutput(decode, [Span(seq, cached, cached + budget)], paused)
         admitted: list[Span] = []
         longest = total = 0
         while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
@@ -148,7 +161,7 @@ class Scheduler:
             admitted.append(Span(seq, cached, seq.prompt_len))
             longest = max(longest, rest)
             total += rest
-        return SchedulerOutput(decode, admitted)
+        return SchedulerOutput(decode, admitted, paused)
 
     def _cached(self, seq: Sequence) -> int:
         return self.lookup(seq) if self.lookup is not None else 0
