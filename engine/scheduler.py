@@ -7,10 +7,14 @@ ones; while sequences run, a step admits at most `mixed_prefill_tokens` prompt p
 sequence; counted padded to the longest, unless the family packs the step into one forward, where nothing is padded
 and the prompts' own lengths are what it costs — their padded size still within `max_batch_tokens`, for the
 two-forward fallback), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running
-streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
-per step (a Span of it), and decodes once its last part is in. An idle engine admits up to `max_batch_tokens` at
-once. Finished and aborted ones leave at the boundary they finish on. A running sequence whose request's reader fell
-behind (`Sequence.paused`, engine/flow.py) is left out of the decode, keeping its slot, until the reader catches up.
+streams for all of it; a prompt longer than that is prefilled `mixed_prefill_tokens` positions per step (a Span of
+it, the step's last), and decodes once its last part is in; meanwhile whole prompts of up to half a step's positions
+are admitted beside its parts, passing longer ones in the queue (vLLM's short prompts passing a long partial
+prefill), so one long prompt does not hold every later arrival back for all of its prefill. An idle engine admits up
+to `max_batch_tokens` at once, but a long prompt that asks for prompt logprobs goes in parts there too: each part's
+positions also run through the vocabulary projection, and bounded parts keep other users' steps short. Finished
+and aborted ones leave at the boundary they finish on. A running sequence whose request's reader fell behind
+(`Sequence.paused`, engine/flow.py) is left out of the decode, keeping its slot, until the reader catches up.
 
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
@@ -135,17 +139,17 @@ class Scheduler:
         for s in self.running:
             if not s.prefilling:
                 (paused if s.paused else decode).append(s)
-        budget = min(self.max_batch_tokens, self.mixed_prefill_tokens) if decode else self.max_batch_tokens
-        if len(decode) + len(paused) < len(self.running):  # a long prompt: nothing else is admitted until it is in
-            seq = self.prefilling
-            return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))],
-                                   paused)
+        mixed = min(self.max_batch_tokens, self.mixed_prefill_tokens)
+        budget = mixed if decode else self.max_batch_tokens
+        part = self.prefilling
         room = bool(self.waiting) and self.used + self.waiting[0].slots <= self.max_running_seqs
-        cached = self._cached(self.waiting[0]) if room else 0
-        if decode and room and self.waiting[0].prompt_len - cached > budget:  # its rest goes over several steps
-            seq = self.waiting.popleft()
-            self._admit(seq, cached)
-            return SchedulerOutput(decode, [Span(seq, cached, cached + budget)], paused)
+        cached = self._cached(self.waiting[0]) if room and part is None else 0
+        if part is None and room and self.waiting[0].prompt_len - cached > mixed and (
+                decode or self.waiting[0].sampling.prompt_logprobs is not None):  # its rest goes over several steps
+            part = self.waiting.popleft()
+            self._admit(part, cached)
+        if part is not None:
+            return self._beside_part(part, decode, paused, budget, mixed)
         admitted: list[Span] = []
         longest = total = 0
         while self.waiting and self.used + self.waiting[0].slots <= self.max_running_seqs:
@@ -155,13 +159,42 @@ class Scheduler:
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
             padded = max(longest, rest) * (len(admitted) + 1)
             cost = total + rest if decode and self.packs_mixed_steps else padded
-            if admitted and (cost > budget or padded > self.max_batch_tokens):
+            if admitted and (cost > budget or padded > self.max_batch_tokens or (
+                    rest > mixed and seq.sampling.prompt_logprobs is not None)):  # (that one goes in parts, first)
                 break
             self._admit(self.waiting.popleft(), cached)
             admitted.append(Span(seq, cached, seq.prompt_len))
             longest = max(longest, rest)
             total += rest
         return SchedulerOutput(decode, admitted, paused)
+
+    def _beside_part(self, part: Sequence, decode: list[Sequence], paused: list[Sequence], budget: int,
+                     mixed: int) -> SchedulerOutput:
+        """A step while `part`'s long prompt is prefilled over several: whole waiting prompts that fit in half the
+        step's prompt positions pass it (in queue order, longer ones keep their place: vLLM lets short prompts pass a
+        long partial prefill), then its next part takes the rest (last, after theirs). A part is `mixed` positions
+        while sequences decode, or when its positions are also scored for prompt logprobs (bounded chunks of the
+        vocabulary projection); an idle engine prefills an unscored one's rest at once."""
+        size = mixed if decode or part.sampling.prompt_logprobs is not None else budget
+        admitted: list[Span] = []
+        longest = total = cost = 0
+        for seq in list(self.waiting):
+            if self.used + seq.slots > self.max_running_seqs:
+                break
+            if seq.prompt_len > size // 2:  # (its rest may be less, after a cached prefix: it waits its turn)
+                continue
+            cached = self._cached(seq)
+            rest = seq.prompt_len - cached
+            padded = max(longest, rest) * (len(admitted) + 1)
+            new_cost = total + rest if decode and self.packs_mixed_steps else padded
+            if new_cost > size // 2:
+                break
+            self.waiting.remove(seq)
+            self._admit(seq, cached)
+            admitted.append(Span(seq, cached, seq.prompt_len))
+            longest, total, cost = max(longest, rest), total + rest, new_cost
+        end = min(part.prompt_len, part.computed + size - cost)
+        return SchedulerOutput(decode, [*admitted, Span(part, part.computed, end)], paused)
 
     def _cached(self, seq: Sequence) -> int:
         return self.lookup(seq) if self.lookup is not None else 0
