@@ -36,6 +36,7 @@ from engine.scheduler import Scheduler, SchedulerOutput, StepOutput, mixed_prefi
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
+from splice import heap
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
 from splice.errors import DeadlineExceeded, SpliceError, Unavailable
@@ -495,6 +496,7 @@ class LLMEngine:
             seq.slot = None
         if not self.scheduler.running and self.runner.batch is not None:
             self.runner.clear()  # nothing runs or is being prefilled: the buffers go with the batch
+        heap.trim_soon()  # what the requests held goes back to the OS, not only to the allocator
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
         """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""
