@@ -16,6 +16,7 @@ The stack: --max-running-seqs 192 (the normal streams and the paused readers' sl
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 
 from app.scrape import scrape, value
@@ -36,7 +37,7 @@ async def _idle(engine) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _soak(args, engine, pre) -> tuple[Run, Run, dict[str, tuple[float, float]]]:
+async def _soak(args, engine, pre) -> tuple[Run, Run, dict[str, tuple[float, float]], str]:
     base = f"http://{pre.http_address}"
     clean = Run()
     await normal_clients(base, args.streams, after(args.clean), clean, args.seed)
@@ -49,30 +50,39 @@ async def _soak(args, engine, pre) -> tuple[Run, Run, dict[str, tuple[float, flo
                          hostile_loop(engine, pre, done, hostile, only))
     await _idle(engine)
     await asyncio.sleep(5)  # (the preprocessor's last answers leave)
-    return clean, hostile, {name: (start[name], rss_mib(pid)) for name, pid in pids.items()}
+    samples = await asyncio.to_thread(scrape, engine)
+    caches = ", ".join(f"{name} {value(samples, name):.0f}" for name in (
+        "splice_engine_prefix_cache_blocks", "splice_engine_encoder_cache_bytes"))
+    return clean, hostile, {name: (start[name], rss_mib(pid)) for name, pid in pids.items()}, caches
 
 
 def main() -> int:
     names = [*hostile_bodies(64), *SILENT]
     parser = bench_parser(__doc__, quick={"streams": 4, "seconds": 30.0, "clean": 10.0}, model="tiny-qwen2-vl",
                           repeats=None, streams=32, seconds=300.0, clean=120.0, seed=0)
+    parser.add_argument("--engine-args", default="--prefix-cache-mb 64",
+                        help="more engine flags (default: a prefix cache of 64 MiB, which normal traffic fills in the "
+                             "first minutes: its pages stay, bounded by the flag, and would hide anything else)")
     parser.add_argument("--only", default="", help=f"comma-separated hostile inputs, of {names} (default: all)")
     args = parser.parse_args()
     if unknown := {n for n in args.only.split(",") if n} - set(names):
         parser.error(f"unknown inputs {sorted(unknown)}")
     with running_stack(args.model, http_port=0, engine_args=[
             "--metrics-port", "0", "--max-running-seqs", "192", "--max-seqs-per-request", "16",
-            "--unread-timeout", "30"], preprocessor_args=[
+            "--unread-timeout", "30", *shlex.split(args.engine_args)], preprocessor_args=[
             "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--max-concurrent-requests", "512"],
     ) as (engine, pre):
         print(f"hostile soak on {args.model}: {args.streams} streams, {args.clean:.0f} s clean then "
               f"{args.seconds:.0f} s beside the hostile loop", flush=True)
-        clean, hostile, rss = asyncio.run(_soak(args, engine, pre))
+        clean, hostile, rss, caches = asyncio.run(_soak(args, engine, pre))
         alive = engine.alive and pre.alive
     ratio = hostile.pct(99) / clean.pct(99)
     print(f"clean:   {clean.summary()}")
     print(f"hostile: {hostile.summary()}")
     print(f"p99 {hostile.pct(99):.2f} s vs {clean.pct(99):.2f} s clean: {ratio:.2f}x")
+    print("normal p99 while each hostile input was served: " + ", ".join(
+        f"{name} {p99:.2f} s" for name, p99 in sorted(hostile.during().items(), key=lambda kv: -kv[1])))
+    print(f"engine at the end: {caches}")
     for name, (a, b) in rss.items():
         print(f"{name} RSS {a:.0f} MiB at the loop's start -> {b:.0f} MiB after it ({(b - a) / a:+.1%})")
     server_errors = {n: s for n, statuses in hostile.hostile.items() for s in statuses if isinstance(s, int) and

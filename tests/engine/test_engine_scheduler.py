@@ -161,7 +161,7 @@ def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill
 def test_a_long_prompt_asking_for_prompt_logprobs_goes_in_parts_even_on_an_idle_engine():
     s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
     s.add(scored := seq(30, "scored", prompt_logprobs=5))
-    s.add(plain := seq(30, "plain"))
+    s.add(seq(30, "plain"))
     out = step(s)  # nothing decodes, yet its positions go 12 at a time (the plain one waits behind it)
     assert [(p.seq, p.start, p.end) for p in out.prefill] == [(scored, 0, 12)]
     s.add(short := seq(3, "short"))

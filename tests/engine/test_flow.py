@@ -5,8 +5,6 @@ decode while another waits, and the paused one once it reads again, give the tok
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from engine.flow import Flow
@@ -14,7 +12,7 @@ from engine.scheduler import Scheduler, StepOutput
 from engine.sequence import Sequence
 from splice.errors import DeadlineExceeded
 from splice.sampling import SamplingParams
-from tests.engine.engine_factories import collect, random_ids, text_request
+from tests.engine.engine_factories import collect, random_ids, text_request, wait_until
 
 LIMIT = 6  # --max-unread-tokens of the engines below
 
@@ -55,14 +53,6 @@ def test_a_reader_catching_up_wakes_the_engine():
     assert not Flow(limit=0, sent=10**6).behind  # 0: never paused
 
 
-async def _wait(predicate, what: str) -> None:
-    for _ in range(3000):  # a hang guard on an observable state, not a timing assertion
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 def _record(engine, request_id: str) -> Sequence:
     return next(s for s in engine.requests.values() if s.request_id == request_id)
 
@@ -77,8 +67,8 @@ async def test_a_paused_request_costs_no_steps_and_resumes_with_its_solo_tokens(
     want_other, _ = await collect(engine, text_request(other_ids, max_tokens=16))
     stream = engine.generate(text_request(slow_ids, "slow", max_tokens=24))
     first = await anext(stream)  # then it reads nothing
-    await _wait(lambda: engine.scheduler.running and all(s.paused for s in engine.scheduler.running),
-                "the reader fell behind")
+    await wait_until(lambda: engine.scheduler.running and all(s.paused for s in engine.scheduler.running),
+                     "the reader fell behind")
     slow = _record(engine, "slow")
     paused_at = slow.num_generated
     assert paused_at <= len(first.token_ids) + LIMIT
@@ -95,8 +85,8 @@ async def test_the_choices_of_a_paused_request_resume_with_their_solo_tokens(eng
     want, _ = await collect(engine, text_request(ids, max_tokens=12, n=3, temperature=0.8, seed=5))
     stream = engine.generate(text_request(ids, "three", max_tokens=12, n=3, temperature=0.8, seed=5))
     outs = [await anext(stream)]
-    await _wait(lambda: len(engine.scheduler.running) == 3 and all(s.paused for s in engine.scheduler.running),
-                "the three choices paused")
+    await wait_until(lambda: len(engine.scheduler.running) == 3 and all(s.paused for s in engine.scheduler.running),
+                     "the three choices paused")
     got_other, _ = await collect(engine, text_request(random_ids(5, seed=14), "other", max_tokens=8))
     assert len(got_other) == 8
     outs += [out async for out in stream]
@@ -109,7 +99,7 @@ async def test_a_request_paused_past_the_unread_timeout_is_cancelled_and_frees_i
     engine = engines("tiny-text", max_unread_tokens=LIMIT, unread_timeout=0.2)
     stream = engine.generate(text_request(random_ids(5, seed=15), "dead", max_tokens=500))
     await anext(stream)
-    await _wait(lambda: not engine.requests, "the dead reader's request cancelled")
+    await wait_until(lambda: not engine.requests, "the dead reader's request cancelled")
     with pytest.raises(DeadlineExceeded, match="--max-unread-tokens"):
         async for _ in stream:
             pass

@@ -10,17 +10,9 @@ import asyncio
 import pytest
 import torch
 
-from tests.engine.engine_factories import collect, random_ids, text_request
+from tests.engine.engine_factories import collect, random_ids, text_request, wait_until
 
 PART = 16  # --mixed-prefill-tokens
-
-
-async def _wait(predicate, what: str) -> None:
-    for _ in range(3000):  # a hang guard on an observable state, not a timing assertion
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never: {what}")
 
 
 @pytest.mark.parametrize("name", ["tiny-text", "tiny-gemma3"])
@@ -36,10 +28,10 @@ async def test_short_requests_pass_a_long_prompt_scored_in_parts_and_every_answe
     want_bg, _ = await collect(solo, text_request(bg_ids, max_tokens=400))
 
     bg = asyncio.ensure_future(collect(engine, text_request(bg_ids, "bg", max_tokens=400)))
-    await _wait(lambda: engine.runner.rows == 1, "the other request decoding")
+    await wait_until(lambda: engine.runner.rows == 1, "the other request decoding")
     long = asyncio.ensure_future(collect(engine, text_request(long_ids, "long", max_tokens=4, prompt_logprobs=5)))
-    await _wait(lambda: (s := engine.scheduler.prefilling) is not None and s.computed >= PART,
-                "the long prompt prefilled in parts")
+    await wait_until(lambda: (s := engine.scheduler.prefilling) is not None and s.computed >= PART,
+                     "the long prompt prefilled in parts")
     got_shorts = [(await collect(engine, text_request(ids, f"short{i}", max_tokens=6)))[0]
                   for i, ids in enumerate(shorts)]
     assert not long.done()  # every short one was answered while the long prompt was still being prefilled

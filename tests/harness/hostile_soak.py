@@ -31,6 +31,8 @@ KINDS = ("chat", "completion", "picture")
 @dataclass
 class Run:
     latencies: list[float] = field(default_factory=list)  # normal requests: sent -> [DONE], seconds
+    sent: list[float] = field(default_factory=list)  # when each of them was sent (time.monotonic())
+    windows: list[tuple[str, float, float]] = field(default_factory=list)  # hostile input, its start and end
     requests: Counter = field(default_factory=Counter)  # normal requests by kind
     errors: list[str] = field(default_factory=list)  # normal requests that did not stream to their end
     hostile: dict[str, Counter] = field(default_factory=dict)  # hostile input -> its statuses (or outcome)
@@ -38,6 +40,15 @@ class Run:
 
     def pct(self, q: int) -> float:
         return statistics.quantiles(self.latencies, n=100)[q - 1] if len(self.latencies) > 1 else float("nan")
+
+    def during(self) -> dict[str, float]:
+        """Hostile input -> the p99 latency of the normal requests in flight while it was served."""
+        out: dict[str, list[float]] = {}
+        for name, start, end in self.windows:
+            out.setdefault(name, []).extend(lat for t, lat in zip(self.sent, self.latencies, strict=True)
+                                            if t <= end and t + lat >= start)
+        return {name: statistics.quantiles(lats, n=100)[98] if len(lats) > 1 else float("nan")
+                for name, lats in out.items()}
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {self.requests[k]}" for k in KINDS)
@@ -114,6 +125,7 @@ async def normal_clients(base: str, streams: int, done: Done, run: Run, seed: in
                     run.errors.append(f"client {i} request {n} ({kind}): {problem}")
                     continue
                 run.latencies.append(time.monotonic() - sent)
+                run.sent.append(sent)
                 run.requests[kind] += 1
 
     began = time.monotonic()
@@ -181,8 +193,9 @@ async def _post(http: httpx.AsyncClient, body: dict | bytes) -> int:
     return answer.status_code
 
 
-def _silent_reader(address: str, body: dict) -> socket.socket:
-    """A client that sends a streamed request and never reads its answer."""
+def silent_reader(address: str, body: dict) -> socket.socket:
+    """A client that sends a streamed chat request and never reads its answer (a small receive buffer, so the
+    server's writes back up soon)."""
     host, port = address.rsplit(":", 1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -198,7 +211,7 @@ async def silent_readers(engine: Service, address: str, readers: int, n: int, wa
     sequence is paused on the engine (or `wait` seconds), then closed. Returns what was seen."""
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "stream": True, "n": n, "max_tokens": 2000,
             "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
-    sockets = [_silent_reader(address, body) for _ in range(readers)]
+    sockets = [silent_reader(address, body) for _ in range(readers)]
     deadline = time.monotonic() + wait
     try:
         while time.monotonic() < deadline:
@@ -239,10 +252,12 @@ async def hostile_loop(engine: Service, pre: Service, done: Done, run: Run, only
             for name in names:
                 if done():
                     break
+                start = time.monotonic()
                 try:
                     outcome = await actions[name](http, k)
                 except httpx.HTTPError as exc:
                     outcome = type(exc).__name__
+                run.windows.append((name, start, time.monotonic()))
                 for one in outcome if isinstance(outcome, list) else [outcome]:
                     run.hostile.setdefault(name, Counter())[one] += 1
             k += 1

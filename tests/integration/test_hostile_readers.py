@@ -6,7 +6,6 @@ another user's request runs, and are aborted when they disconnect; a request of 
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import grpc
@@ -16,6 +15,7 @@ import pytest
 from app.launch import start_stack
 from app.scrape import scrape, total, value
 from splice.v1 import preprocessor_pb2, preprocessor_pb2_grpc
+from tests.harness.hostile_soak import silent_reader
 
 MODEL = "tiny-text"
 GUARD = 300.0  # seconds: a hang guard, not a timing assertion
@@ -33,19 +33,6 @@ def stack(tiny_dirs):
     engine.stop()
 
 
-def _silent_sse(address: str, body: dict) -> socket.socket:
-    """An HTTP client that sends a streamed chat request and never reads the answer (a small receive buffer, so
-    the server's writes back up soon)."""
-    host, port = address.rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
-    return sock
-
-
 def _wait(what: str, predicate) -> None:
     deadline = time.monotonic() + GUARD
     while not predicate():
@@ -61,7 +48,7 @@ def test_readers_that_never_read_are_paused_and_cost_nothing_while_others_are_se
     engine, pre = stack
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "stream": True, "n": CHOICES,
             "max_tokens": 2000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
-    sockets = [_silent_sse(pre.http_address, body) for _ in range(2)]
+    sockets = [silent_reader(pre.http_address, body) for _ in range(2)]
     # (gRPC's client reads ahead as far as its window grows: BDP probing off keeps it at 64 KiB, as a client that
     # reads nothing would leave it)
     channel = grpc.insecure_channel(pre.address, options=[("grpc.http2.bdp_probe", 0)])
@@ -74,11 +61,11 @@ def test_readers_that_never_read_are_paused_and_cost_nothing_while_others_are_se
         _wait("every sequence of the silent readers paused",
               lambda: _engine(engine, "splice_engine_num_requests_paused") == readers)
         generated = total(scrape(engine), "splice_engine_generation_tokens_total")
-        with httpx.Client(base_url=f"http://{pre.http_address}", timeout=GUARD) as http:
-            with http.stream("POST", "/v1/chat/completions", json={
+        with httpx.Client(base_url=f"http://{pre.http_address}", timeout=GUARD) as http, http.stream(
+                "POST", "/v1/chat/completions", json={
                     "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "ignore_eos": True,
                     "stream": True, "stream_options": {"include_usage": True}}) as answer:
-                events = [line for line in answer.iter_lines() if line.startswith("data: {")]
+            events = [line for line in answer.iter_lines() if line.startswith("data: {")]
         assert answer.status_code == 200
         assert json.loads(events[-1][6:])["usage"]["completion_tokens"] == 12
         # the paused readers made no token meanwhile: the counter grew by the other user's only
@@ -94,7 +81,7 @@ def test_readers_that_never_read_are_paused_and_cost_nothing_while_others_are_se
 
 
 def test_a_request_of_more_choices_than_max_seqs_per_request_is_refused_naming_the_flag(stack):
-    engine, pre = stack
+    pre = stack[1]
     with httpx.Client(base_url=f"http://{pre.http_address}", timeout=GUARD) as http:
         for stream in (False, True):
             answer = http.post("/v1/chat/completions", json={
