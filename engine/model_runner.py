@@ -89,7 +89,9 @@ class ModelRunner:
         return self.batch.kv.rows if self.batch is not None else 0
 
     def clear(self) -> None:
-        """Drops every row and the columns of any prompt still being prefilled (their caches freed)."""
+        """Drops every row and the columns of any prompt still being prefilled (their caches freed, now)."""
+        if self.batch is not None:
+            self.batch.kv.free()
         self.batch = None
 
     @torch.inference_mode()

@@ -199,6 +199,13 @@ class SlotKV:
         """Frees the slots from `rows` on."""
         del self.start[rows:], self.end[rows:]
 
+    def free(self) -> None:
+        """Drops every layer's buffers now: a layer and its SlotKV refer to each other, so without this they (and
+        their reserved pages) would wait for the cyclic garbage collector, which an idle process never runs."""
+        for layer in self.layers.values():
+            layer.k_buf = layer.v_buf = layer.keys = layer.values = None
+        self.layers = {}
+
     def refresh(self) -> None:
         """Points every layer's `keys` / `values` at the rows and columns in use (views, no copy)."""
         for layer in self.layers.values():
