@@ -496,7 +496,7 @@ class LLMEngine:
             seq.slot = None
         if not self.scheduler.running and self.runner.batch is not None:
             self.runner.clear()  # nothing runs or is being prefilled: the buffers go with the batch
-        heap.trim_soon()  # what the requests held goes back to the OS, not only to the allocator
+        heap.trim_soon(idle=self.runner.batch is None)  # what they held goes back to the OS, not only to malloc
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
         """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""

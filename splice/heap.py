@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import threading
 import time
 
@@ -55,22 +56,31 @@ def trim() -> None:
 
 
 _asked = threading.Event()
+_collect = False  # the next trim collects cyclic garbage first
 _trimmer: threading.Thread | None = None
 _lock = threading.Lock()
 
 
 def _trim_when_asked() -> None:
+    global _collect
     while True:
         _asked.wait()
         _asked.clear()
+        if _collect:
+            _collect = False
+            gc.collect()
         trim()
         time.sleep(TRIM_EVERY)  # (asks meanwhile are answered by the next trim)
 
 
-def trim_soon() -> None:
-    """Asks the trimming thread for a trim (cheap: call it whenever a request ends)."""
-    global _trimmer
-    if _libc() is None:
+def trim_soon(idle: bool = False) -> None:
+    """Asks the trimming thread for a trim (cheap: call it whenever a request ends). `idle`: nothing is in flight any
+    more; the trim first collects cyclic garbage (a refused request's traceback holds its frames, and their large
+    locals, in a cycle), which an idle process's collector, run by allocations, would never reach."""
+    global _trimmer, _collect
+    if idle:
+        _collect = True
+    if _libc() is None and not idle:
         return
     if _trimmer is None:
         with _lock:
