@@ -10,65 +10,26 @@ Needs vLLM in its own virtual environment (--vllm-venv; never a dependency of Sp
 serve --model in float32 with a 2048-token context, --enable-lora --max-loras N --max-cpu-loras N --max-lora-rank R
 and one running slot per stream; vLLM's first start on a CPU compiles for ~2 minutes.
 
-    .venv/bin/python -m bench.lora --vllm-venv /work/vllm-venv
+    .venv/bin/python -m bench.lora --vllm-venv PATH-TO-A-VLLM-VENV
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 
 from app.loras import LORA_BASES, ensure_lora
 from app.models import resolve_model
 from bench.common import bench_parser, spread
 from bench.stacks import running_stack
+from bench.vllm_server import check_venv, vllm_server
 
 PROMPTS = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea.",
            "Give me one tip for learning Python.", "Who wrote Romeo and Juliet?", "What is 12 plus 30?"]
 TOLERANCE = 1e-4
-
-
-@contextlib.contextmanager
-def vllm_server(venv: str, folder: str, name: str, port: int, flags: list[str], timeout: float) -> Iterator[str]:
-    """vLLM's OpenAI server of `venv` on the CPU (its KV cache bounded: its default reserves most of the machine)."""
-    log = Path(tempfile.mkdtemp(prefix="bench-lora-")) / "vllm.log"
-    cmd = [f"{venv}/bin/vllm", "serve", folder, "--served-model-name", name, "--dtype", "float32",
-           "--max-model-len", "2048", "--kv-cache-memory-bytes", str(4 << 30), "--port", str(port), *flags]
-    print(f"starting vLLM (log: {log}) ...", flush=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"vLLM exited ({proc.returncode}); its log: {log}\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                sys.exit(f"vLLM did not answer within {timeout:g} s; its log: {log}")
-            time.sleep(2)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def answers(url: str, model: str, new_tokens: int) -> list[tuple[str, list[float]]]:
@@ -130,7 +91,7 @@ def compare(splice: list, vllm: list, what: str) -> bool:
 def main() -> int:
     parser = bench_parser(__doc__, quick={"streams": 4, "new_tokens": 8, "repeats": 1},
                           model="smollm2-135m-instruct")
-    parser.add_argument("--vllm-venv", default="/work/vllm-venv", help="vLLM's own virtual environment")
+    parser.add_argument("--vllm-venv", type=Path, required=True, help="vLLM's own virtual environment")
     parser.add_argument("--vllm-port", type=int, default=8011)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--adapters", type=int, default=4, help="adapters the streams are split over")
@@ -153,9 +114,9 @@ def main() -> int:
         splice = f"http://{pre.http_address}"
         ours = {m: answers(splice, m, args.answer_tokens) for m in (args.model, names[0])}
         splice_cost = cost(splice, args.model, names, args.streams, args.new_tokens, args.repeats)
-    with vllm_server(args.vllm_venv, folder, args.model, args.vllm_port,
-                     ["--enable-lora", "--lora-modules", *modules, *limits, "--max-num-seqs", str(args.streams)],
-                     args.vllm_timeout) as vllm:
+    with vllm_server(check_venv(args.vllm_venv), folder, name=args.model, port=args.vllm_port,
+                     flags=["--enable-lora", "--lora-modules", *modules, *limits, "--max-num-seqs", str(args.streams)],
+                     timeout=args.vllm_timeout) as vllm:
         theirs = {m: answers(vllm, m, args.answer_tokens) for m in (args.model, names[0])}
         vllm_cost = cost(vllm, args.model, names, args.streams, args.new_tokens, args.repeats)
     ok = compare(ours[names[0]], theirs[names[0]], f"(a) under {names[0]}")

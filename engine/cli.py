@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks that each hold a shard of the model (transformers' tensor-parallel plan; gloo "
                              "on CPU, NCCL on GPU: one GPU per rank)")
     parser.add_argument("--max-running-seqs", type=int, default=64, help="sequences decoded together per step")
+    parser.add_argument("--max-seqs-per-request", type=int, default=None,
+                        help="sequences one request may hold (its n choices, which run together); a request of more "
+                             "is refused (INVALID_ARGUMENT / HTTP 400). Default: --max-running-seqs")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="positions one forward may process; default max(8192, max model len)")
     parser.add_argument("--mixed-prefill-tokens", type=int, default=None,
@@ -46,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send each stream's tokens every N tokens (its first token and its end at once): "
                              "fewer, larger messages for more throughput, burstier streams")
+    parser.add_argument("--max-unread-tokens", type=int, default=2048,
+                        help="a request whose reader is this many tokens behind what was sent to it is paused: its "
+                             "sequences keep their slots but are not decoded until the reader catches up (0: never)")
+    parser.add_argument("--unread-timeout", type=float, default=60.0,
+                        help="seconds a paused request may wait for its reader; then it is cancelled "
+                             "(DEADLINE_EXCEEDED) and its slots go to readers that read")
     parser.add_argument("--model-impl", default="auto", choices=["auto", "splice", "transformers"],
                         help="what runs the text stack: auto = Splice's own forward where the architecture has one "
                              "(Llama, Qwen2 text stacks), else transformers' modules; splice = Splice's or fail; "
@@ -129,12 +138,14 @@ def config_from_args(args: argparse.Namespace, folder: str, resolve: Resolve | N
         loras = tuple((name, path if os.path.isdir(path) else resolve(path)) for name, path in loras)
 
     return EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                        max_running_seqs=args.max_running_seqs, max_batch_tokens=args.max_batch_tokens,
+                        max_running_seqs=args.max_running_seqs,
+                        max_seqs_per_request=args.max_seqs_per_request, max_batch_tokens=args.max_batch_tokens,
                         max_queue=args.max_queue, model_name=args.model,
                         max_inflight_tensor_bytes=args.max_inflight_tensor_bytes,
                         upload_idle_timeout=args.upload_idle_timeout,
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_prefill_tokens=args.mixed_prefill_tokens, stream_interval=args.stream_interval,
+                        max_unread_tokens=args.max_unread_tokens, unread_timeout=args.unread_timeout,
                         model_impl=args.model_impl, structured_compile_timeout=args.structured_compile_timeout,
                         structured_cache_mb=args.structured_cache_mb,
                         encoder_cache_mb=args.encoder_cache_mb,

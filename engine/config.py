@@ -20,6 +20,9 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" = the checkpoint's dtype on cuda, float32 on cpu
     max_model_len: int | None = None  # None = the config's max_position_embeddings
     max_running_seqs: int = 64  # sequences decoded together in one step
+    # sequences one request may hold (its n choices, all running together); None = max_running_seqs. A request of
+    # more is refused (INVALID_ARGUMENT), so that one request cannot take every running slot from the others
+    max_seqs_per_request: int | None = None
     # positions one forward may process (padded prefill rows, or decode rows); None = max(8192, max_model_len),
     # so any prompt the model accepts can be prefilled
     max_batch_tokens: int | None = None
@@ -39,6 +42,11 @@ class EngineConfig:
     # a stream's outputs go out every this many tokens (its first token and its end at once): fewer, larger
     # messages on both hops for more throughput, at the price of burstier streams (SGLang's --stream-interval)
     stream_interval: int = 1
+    # a request whose reader is this many tokens behind what was sent to it is paused (its sequences keep their slots
+    # but are not decoded) until the reader takes them (engine/flow.py); 0 = never paused
+    max_unread_tokens: int = 2048
+    # a request paused this many seconds is cancelled (DEADLINE_EXCEEDED), so that its slots go to readers that read
+    unread_timeout: float = 60.0
     # what runs the text stack (vLLM's --model-impl): "auto" = Splice's own forward where the architecture has one
     # (engine/models/lean_llama.py: Llama, Qwen2), else transformers' modules; "splice" = Splice's or an error;
     # "transformers" = always transformers' modules
@@ -80,6 +88,8 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_running_seqs < 1:
             raise ValueError(f"max_running_seqs must be >= 1, got {self.max_running_seqs}")
+        if self.max_seqs_per_request is not None and self.max_seqs_per_request < 1:
+            raise ValueError(f"max_seqs_per_request must be >= 1, got {self.max_seqs_per_request}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_running_seqs:
             raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_running_seqs "
                              f"({self.max_running_seqs}): every running sequence decodes one position per step")
@@ -91,6 +101,10 @@ class EngineConfig:
             raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_unread_tokens < 0:
+            raise ValueError(f"max_unread_tokens must be >= 0, got {self.max_unread_tokens}")
+        if not self.unread_timeout > 0:
+            raise ValueError(f"unread_timeout must be > 0, got {self.unread_timeout}")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.model_impl not in IMPLS:

@@ -1,7 +1,8 @@
 """The forwards a step is made of, each built from prompts and slots and run on the family (engine/models/): a decode
-of every row, a packed mixed step, a left-padded group prefill, and one prompt's positions chunk by chunk. Where each
-row's keys and values go is planned on the SlotKV first (engine/models/slot_cache.py); engine/model_runner.py chooses
-which forwards a step runs, and records what they leave behind.
+of the rows (the first ones: rows whose reader fell behind wait after them, engine/flow.py), a packed mixed step, a
+left-padded group prefill, and one prompt's positions chunk by chunk. Where each row's keys and values go is planned
+on the SlotKV first (engine/models/slot_cache.py); engine/model_runner.py chooses which forwards a step runs, and
+records what they leave behind.
 
 Shapes: rows = sequences in the forward, q = new positions per row, N = a packed forward's tokens, D = position_dims.
 """
@@ -63,35 +64,49 @@ def hidden_states(f: ModelFamily, embeds: torch.Tensor, step: StepInputs, positi
     return out.last_hidden_state
 
 
+def advance(b: Batch, rows: int) -> None:
+    """The first `rows` rows are one position further (the others, paused, stay where they are)."""
+    b.kv.advance(1, rows)
+    b.kv.refresh()
+    b.positions = b.positions + 1 if rows == len(b.positions) else torch.cat([b.positions[:rows] + 1,
+                                                                              b.positions[rows:]])
+
+
 def decode(f: ModelFamily, b: Batch, tokens: list[int],
            loras: list[LoraAdapter | None] | None = None) -> torch.Tensor:
-    """One new position for every row (`tokens`: each one's last token, in slot order; `loras`: each one's adapter) ->
-    logits [rows, vocab] in slot order; the rows are one position further."""
+    """One new position for each of the first len(tokens) rows (`tokens`: each one's last token, in slot order;
+    `loras`: each one's adapter; the rows after them are paused) -> logits [len(tokens), vocab] in slot order; those
+    rows are one position further."""
+    rows = len(tokens)
     ids = torch.tensor(tokens, dtype=torch.long, device=f.device)[:, None]  # [rows, 1]
-    mask = b.kv.key_mask(1).to(f.device)  # [rows, T + 1]
-    b.kv.plan_decode()
-    with adapters(f, [(a, 1) for a in loras or ()]):
-        hidden = hidden_states(f, f.lookup(ids), StepInputs(ids, mask, None, None),
-                               b.positions[None, :, None].expand(f.position_dims, -1, 1), b.cache)
-    b.kv.advance()
-    b.kv.refresh()
-    b.positions = b.positions + 1
+    mask = b.kv.key_mask(1, rows).to(f.device)  # [rows, T + 1]
+    b.kv.plan_decode(rows)
+    aside = f.cache.narrow(b.cache, rows)
+    try:
+        with adapters(f, [(a, 1) for a in loras or ()]):
+            hidden = hidden_states(f, f.lookup(ids), StepInputs(ids, mask, None, None),
+                                   b.positions[None, :rows, None].expand(f.position_dims, -1, 1), b.cache)
+    finally:
+        f.cache.widen(b.cache, aside)
+    advance(b, rows)
     return f.logits(hidden[:, -1])
 
 
 def packed(f: ModelFamily, b: Batch, tokens: list[int], pieces: list[tuple[Prompt, int, int, int]],
            loras: list[LoraAdapter | None] | None = None) -> torch.Tensor:
-    """A mixed step as one forward: one new position for every row (as `decode`) and the prompt positions [start, end)
-    of each (prompt, slot, start, end) in `pieces`, packed into one row of tokens; attention is split per sequence
-    (engine/models/attention.py) -> hidden states [N, hidden]: the rows' (slot order), then each piece's positions.
-    Only for a family whose `packs_mixed_steps`. The rows are one position further once it returns; on an exception
-    nothing is recorded (every write went past the rows' ends or into slots not in use)."""
+    """A mixed step as one forward: one new position for each of the first len(tokens) rows (as `decode`; `loras`:
+    each one's adapter) and the prompt positions [start, end) of each (prompt, slot, start, end) in `pieces`, packed
+    into one row of tokens; attention is split per sequence (engine/models/attention.py) -> hidden states [N, hidden]:
+    the rows' (slot order), then each piece's positions. Only for a family whose `packs_mixed_steps` (its cache is
+    key/value layers only). Those rows are one position further once it returns; on an exception nothing is recorded
+    (every write went past the rows' ends or into slots not in use)."""
+    rows = len(tokens)
     ids = torch.tensor(tokens, dtype=torch.long, device=f.device)
     embeds = torch.cat([f.lookup(ids), *(p.embeds[s:e] for p, _, s, e in pieces)])[None]  # [1, N, hidden]
-    at = torch.cat([b.positions[None].expand(f.position_dims, -1),
+    at = torch.cat([b.positions[None, :rows].expand(f.position_dims, -1),
                     *(p.positions[:, s:e] for p, _, s, e in pieces)], 1)[:, None]  # [D, 1, N]
     b.kv.plan_packed([Segment(slot, s, e - s) for _, slot, s, e in pieces], f.device,
-                     reserve=max(len(p.token_ids) for p, *_ in pieces) + 1)  # grow once: prompt + first decode
+                     reserve=max(len(p.token_ids) for p, *_ in pieces) + 1, rows=rows)  # grow once: prompt + decode
     segments = [(a, 1) for a in loras or ()] + [(p.adapter, e - s) for p, _, s, e in pieces]
     try:
         with adapters(f, segments):
@@ -106,9 +121,7 @@ def packed(f: ModelFamily, b: Batch, tokens: list[int], pieces: list[tuple[Promp
             ).last_hidden_state[0]
     finally:
         b.kv.refresh()
-    b.kv.advance()
-    b.kv.refresh()
-    b.positions = b.positions + 1
+    advance(b, rows)
     return hidden
 
 

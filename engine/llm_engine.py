@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 
 from engine import fork
 from engine.config import EngineConfig
+from engine.flow import Flow
 from engine.loader import LoadedModel, load
 from engine.lora import LoraAdapter, LoraRegistry, load_adapter
 from engine.metrics import EngineStats, NoStats
@@ -38,9 +39,10 @@ from engine.scheduler import Scheduler, SchedulerOutput, StepOutput, mixed_prefi
 from engine.sequence import Sequence
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
+from splice import heap
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
-from splice.errors import FailedPrecondition, InvalidArgument, SpliceError, Unavailable
+from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, SpliceError, Unavailable
 from splice.grammar_cache import GrammarCache
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
@@ -79,7 +81,7 @@ class LLMEngine:
         self.loras = self._serve_loras() if cfg.enable_lora else None  # the LoRA adapters served (None: LoRA off)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, mixed,
                                    self.family.packs_mixed_steps, self._cached if self.prefix is not None else None,
-                                   cfg.max_loras if cfg.enable_lora else None)
+                                   cfg.max_loras if cfg.enable_lora else None, cfg.max_seqs_per_request)
         # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
         self._resets: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._lock = threading.Lock()  # guards the scheduler, the records' table and their listeners
@@ -87,6 +89,7 @@ class LLMEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.requests: dict[int, Sequence] = {}  # seq_id -> every live sequence's record: the engine's one table
+        self._paused: set[Flow] = set()  # requests paused at the last schedule: their readers fell behind (flow.py)
         # The forward runs on a device (a GPU, or simulated): a launch returns at once and the host waits only when it
         # samples, so a step's outputs are handed over after the next forward's launch, while it runs, instead of
         # taking the GIL and the cores from the host work that prepares it. On CPU the forward is that host work: no
@@ -188,9 +191,12 @@ class LLMEngine:
         logprobs (its positions are scored)."""
         return self.prefix.hit(seq.prefix_keys, seq.prompt_len) if seq.prompt_scores is None else 0
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, req: EngineRequest, flow: Flow | None = None) -> AsyncIterator[EngineOutput]:
         """Validates and queues `req`; yields one EngineOutput per step, or the outputs of several steps merged
-        into one when the caller was not waiting (it fell behind). Raises SpliceError on bad input."""
+        into one when the caller was not waiting (it fell behind). Raises SpliceError on bad input. `flow`: one whose
+        reads its caller counts (`Flow(auto=False)`, acknowledged with `add_read`: a reader beyond the caller, over
+        Multiplex); default: what the caller takes is read. A request whose reader falls --max-unread-tokens behind
+        is paused until it reads (engine/flow.py)."""
         if self._thread is None:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
@@ -208,8 +214,12 @@ class LLMEngine:
         if req.sampling.prompt_logprobs is not None:
             seq.prompt_scores = PromptScores(req.token_ids)
         seqs = fork.choices(seq, req)  # n > 1: the other choices start from its prefill (engine/fork.py)
+        flow = flow if flow is not None else Flow()
+        flow.limit = max(self.cfg.max_unread_tokens, flow.floor) if self.cfg.max_unread_tokens else 0
+        flow.wake = self._wake.set
         for s in seqs:
-            s.listener = Listener(asyncio.get_running_loop(), self.cfg.stream_interval)
+            s.flow = flow
+            s.listener = Listener(asyncio.get_running_loop(), self.cfg.stream_interval, flow)
         listeners = [s.listener for s in seqs]
         with self._lock:
             self.scheduler.add(seq)  # may raise ResourceExhausted / InvalidArgument
@@ -307,7 +317,7 @@ class LLMEngine:
         while not self._stopping:
             try:
                 if not self.step():
-                    self._wake.wait()
+                    self._wake.wait(self._pause_left())
                     self._wake.clear()
             except Exception:  # a bug in the loop itself: fail what is running, keep serving
                 log.exception("engine step failed")
@@ -358,14 +368,63 @@ class LLMEngine:
         self._release(aborted)
         with self._lock:
             out = self.scheduler.schedule()
-            self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting))
+            self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting), len(out.paused))
+        if out.paused or self._paused:
+            self._time_pauses(out.paused)
         if not self._overlap or out.is_empty:  # (else once the next forward is launched: `step`)
             self._flush()
         return out
 
+    def _time_pauses(self, paused: list[Sequence]) -> None:
+        """Lock not held. Notes when each paused request's pause began (a request that reads again starts afresh)
+        and cancels those paused --unread-timeout or longer: their slots go to readers that read."""
+        now = time.monotonic()
+        flows = {s.flow for s in paused}
+        for flow in self._paused - flows:
+            flow.paused_since = None
+        expired = set()
+        for flow in flows:
+            if flow.paused_since is None:
+                flow.paused_since = now
+            elif now - flow.paused_since >= self.cfg.unread_timeout:
+                expired.add(flow)
+        self._paused = flows - expired
+        for flow in expired:
+            seqs = [s for s in paused if s.flow is flow]
+            self._fail(seqs, DeadlineExceeded(
+                f"request {seqs[0].request_id}: its reader fell {flow.limit} tokens behind (--max-unread-tokens) and "
+                f"read none of them for {self.cfg.unread_timeout:g} s (--unread-timeout); cancelled so that its slots "
+                f"go to readers that read"))
+
+    def _pause_left(self) -> float | None:
+        """Seconds until the first paused request's --unread-timeout ends (None: none is paused): an idle engine
+        wakes then to cancel it."""
+        if not self._paused:
+            return None
+        first = min(f.paused_since for f in self._paused if f.paused_since is not None)
+        return max(0.0, first + self.cfg.unread_timeout - time.monotonic()) + 0.01
+
+    def _arrange(self, decode: list[Sequence]) -> None:
+        """Puts the rows `decode` in the first slots (the runner decodes the first rows; paused ones wait after
+        them), swapping each that is not with a paused row that is: none while no reader is behind."""
+        k = len(decode)
+        if k == self.runner.rows:
+            return
+        movers = [s for s in decode if s.slot >= k]
+        if not movers:
+            return
+        decoding = set(decode)
+        holes = sorted((s for s in self.scheduler.running if s.slot is not None and s.slot < k and s not in decoding),
+                       key=lambda s: s.slot)
+        for seq, other in zip(movers, holes, strict=True):
+            self.runner.swap(seq.slot, other.slot)
+            seq.slot, other.slot = other.slot, seq.slot
+
     def _plan(self, out: SchedulerOutput) -> tuple[list[Sequence], list[tuple[Sequence, PromptPart]]]:
-        """The runner's plan: the decoding rows in slot order, and this step's prompt parts, each prompt merged (text,
-        image features, supplied rows) at its first part; one whose vision/merge fails fails alone."""
+        """The runner's plan: the decoding rows in slot order (the first slots), and this step's prompt parts, each
+        prompt merged (text, image features, supplied rows) at its first part; one whose vision/merge fails fails
+        alone."""
+        self._arrange(out.decode)
         rows = list(out.decode)
         for seq in out.decode:
             rows[seq.slot] = seq
@@ -458,6 +517,8 @@ class LLMEngine:
         """Lock held. Collected; `_flush` hands it over with the rest of the step."""
         if seq.listener is not None:
             self._outbox.put(seq.listener, item)
+            if seq.flow is not None and isinstance(item, EngineOutput):
+                seq.flow.sent += len(item.token_ids)
 
     def _flush(self) -> None:
         """Lock not held. Sends what `_emit` collected: one call_soon_threadsafe per event loop."""
@@ -497,6 +558,7 @@ class LLMEngine:
             seq.slot = None
         if not self.scheduler.running and self.runner.batch is not None:
             self.runner.clear()  # nothing runs or is being prefilled: the buffers go with the batch
+        heap.trim_soon(idle=self.runner.batch is None)  # what they held goes back to the OS, not only to malloc
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> None:
         """Lock not held. Ends `seqs` with `exc` (a SpliceError keeps its status; others become INTERNAL)."""

@@ -11,6 +11,8 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 RUNNING = Gauge("splice_engine_num_requests_running", "Sequences in the running batch (after the last schedule)")
 WAITING = Gauge("splice_engine_num_requests_waiting", "Sequences queued for a running slot (after the last schedule)")
+PAUSED = Gauge("splice_engine_num_requests_paused",
+               "Running sequences not decoded at the last schedule: their reader is --max-unread-tokens behind")
 PROMPT_TOKENS = Counter("splice_engine_prompt_tokens", "Prompt positions prefilled (text, image and embeds)")
 GENERATION_TOKENS = Counter("splice_engine_generation_tokens", "Tokens generated and sent to callers")
 FINISHED = Counter("splice_engine_requests_finished", "Sequences that left the engine, by why",
@@ -48,9 +50,10 @@ _DECODE_SECONDS = STEP_SECONDS.labels(phase="decode")
 class EngineStats:
     """What LLMEngine calls from its thread; NoStats (warmup) records nothing."""
 
-    def scheduled(self, running: int, waiting: int) -> None:
+    def scheduled(self, running: int, waiting: int, paused: int = 0) -> None:
         RUNNING.set(running)
         WAITING.set(waiting)
+        PAUSED.set(paused)
 
     def prefilled(self, batch: int, prompt_tokens: int, seconds: float, ttfts: list[float]) -> None:
         PREFILL_BATCH.observe(batch)
@@ -81,7 +84,7 @@ class EngineStats:
 
 
 class NoStats(EngineStats):
-    def scheduled(self, running: int, waiting: int) -> None:
+    def scheduled(self, running: int, waiting: int, paused: int = 0) -> None:
         pass
 
     def prefilled(self, batch: int, prompt_tokens: int, seconds: float, ttfts: list[float]) -> None:

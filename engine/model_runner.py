@@ -89,18 +89,21 @@ class ModelRunner:
         return self.batch.kv.rows if self.batch is not None else 0
 
     def clear(self) -> None:
-        """Drops every row and the columns of any prompt still being prefilled (their caches freed)."""
+        """Drops every row and the columns of any prompt still being prefilled (their caches freed, now)."""
+        if self.batch is not None:
+            self.batch.kv.free()
         self.batch = None
 
     @torch.inference_mode()
     def execute(self, tokens: list[int], parts: list[PromptPart], loras: list[Any] | None = None) -> RunnerOutput:
-        """One step: a decode of every row (`tokens`: each row's last token, in slot order; none: the rows do not move;
-        `loras`: each row's LoRA adapter, None for none) and the prompt positions of `parts`. A part whose prefill fails
-        is in `failed` and left nothing behind; raises only when the decode failed (the shared cache may be
-        half-updated: every row is lost). A part that does not complete its prompt is alone in its step (the scheduler
-        admits nothing beside it): its columns wait in the slot after the rows."""
-        assert len(tokens) in (0, self.rows)
-        assert len(parts) == 1 or all(p.end == len(p.prompt.token_ids) for p in parts)
+        """One step: a decode of the first len(tokens) rows (`tokens`: each one's last token, in slot order; the rows
+        after them are paused and do not move, engine/flow.py; none: no row moves; `loras`: each decoded row's LoRA
+        adapter, None for none) and the prompt positions of `parts`. A part whose prefill fails is in `failed` and left
+        nothing behind; raises only when the decode failed (the shared cache may be half-updated: every row is lost).
+        A part that does not complete its prompt is the step's last (whole prompts may come before it): its columns
+        wait in the slot after the rows."""
+        assert len(tokens) <= self.rows
+        assert all(p.end == len(p.prompt.token_ids) for p in parts[:-1])
         hits = [p for p in parts if p.slot is None and p.start > 0]
         if hits:  # their cached blocks stay until they are read, whatever other prompts keep first
             size = self.prefix.block_size
@@ -133,29 +136,36 @@ class ModelRunner:
         """The step as one forward (engine/forwards.py `packed`), each part in a slot after the rows in use (in part
         order) -> logits of the rows, then of the completed prompts, whose rows join the batch."""
         b, f = self.batch, self.family
-        rows = b.kv.rows
-        pieces = [(p.prompt, rows + i, p.start, self._place(p, rows + i)) for i, p in enumerate(parts)]
+        rows, decoded = b.kv.rows, len(tokens)
+        last = len(parts) - 1
+        ends = {last: self._place(parts[last], rows + last)}  # (first: its columns may be where the others go)
+        ends |= {i: self._place(p, rows + i) for i, p in enumerate(parts[:-1])}
+        pieces = [(p.prompt, rows + i, p.start, ends[i]) for i, p in enumerate(parts)]
         hidden = fw.packed(f, b, tokens, pieces, loras)  # [N, hidden]
         out = RunnerOutput(packed=True)
         complete = [k for k, (p, _, _, e) in enumerate(pieces) if e == len(p.token_ids)]
-        lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + rows - 1  # each piece's last token
-        at = rows
+        lasts = torch.tensor([e - s for *_, s, e in pieces]).cumsum(0) + decoded - 1  # each piece's last token
+        at = decoded
         for i, (p, _, s, e) in enumerate(pieces):  # the prompts that asked for prompt logprobs score their positions
             self._score(out, i, p)(hidden[at:at + e - s], s)
             at += e - s
-        out.logits = f.logits(torch.cat([hidden[:rows], hidden[lasts[complete]]]))  # [rows + complete, vocab]
+        out.logits = f.logits(torch.cat([hidden[:decoded], hidden[lasts[complete]]]))  # [decoded + complete, vocab]
         if complete:
             self._join(b.kv, b.cache, [parts[k] for k in complete], complete, [0] * len(complete),
                        [pieces[k][3] for k in complete], out)
-        else:  # the one part of a prompt prefilled over several steps
-            out.slots[0] = rows
+        if last not in complete:  # the part of a prompt prefilled over several steps: in the slot after the rows
+            out.slots[last] = rows + last
         return out
 
     def _prefill(self, parts: list[PromptPart], out: RunnerOutput) -> list[torch.Tensor]:
         """The prompt parts of a step that is not one packed forward, after its decode: whole prompts together
         (`_prefill_group`), then each other part alone -> the completed prompts' logits."""
         whole = [i for i, p in enumerate(parts) if p.slot is None and p.start == 0 and (
-            p.end >= len(p.prompt.token_ids) or self.batch is None or not self.family.chunkable(p.prompt))]
+            p.end >= len(p.prompt.token_ids) or not self.family.chunkable(p.prompt))]
+        last, after = (parts or [None])[-1], self.rows + len(parts) - 1
+        if last is not None and last.slot is not None and last.slot < after:  # a long prompt's columns, out of the
+            self.batch.kv.copy_columns(last.slot, after, last.start)  # way of the rows joining before it
+            last.slot = after
         logits = self._prefill_group(whole, parts, out) if whole else []
         for i in (i for i in range(len(parts)) if i not in whole):
             try:
@@ -213,10 +223,12 @@ class ModelRunner:
         return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def _prefill_part(self, i: int, part: PromptPart, out: RunnerOutput) -> torch.Tensor | None:
-        """A prompt continued (or started from its cached prefix) alone, in the slot after the rows in use: logits
-        [1, vocab] once the prompt is complete and its row has joined, else None."""
+        """A prompt continued (or started from its cached prefix, or its first part) alone, in the slot after the
+        rows in use: logits [1, vocab] once the prompt is complete and its row has joined, else None."""
         slot = self.rows
         end = self._place(part, slot)
+        if self.batch is None:  # (the first part of a long prompt on an idle engine)
+            self._empty_batch()
         b = self.batch
         try:
             logits = fw.chunked(self.family, part.prompt, b.kv, b.cache, slot, part.start, end,
@@ -242,12 +254,16 @@ class ModelRunner:
         if part.start == 0:
             return part.end
         if self.batch is None:
-            kv = SlotKV(self.capacity)
-            nexts = torch.empty(0, dtype=torch.long, device=self.family.device)
-            self.batch = Batch(self.family.cache.new(kv), kv, nexts)
+            self._empty_batch()
         self.prefix.restore(part.keys.keys[:part.start // self.prefix.block_size], self.batch.kv, slot,
                             len(prompt.token_ids) + 1)
         return part.end if self.family.chunkable(prompt) else len(prompt.token_ids)
+
+    def _empty_batch(self) -> None:
+        """A batch with no rows yet, for a prompt's columns to wait in (a cached prefix, a long prompt's parts)."""
+        kv = SlotKV(self.capacity)
+        nexts = torch.empty(0, dtype=torch.long, device=self.family.device)
+        self.batch = Batch(self.family.cache.new(kv), kv, nexts)
 
     # --- rows joining and leaving ----------------------------------------------------------------
 
@@ -317,6 +333,16 @@ class ModelRunner:
         whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
         if whole > 0:
             self._keep(keys[:whole], b.kv, slot, start + first * size)
+
+    @torch.inference_mode()
+    def swap(self, a: int, b: int) -> None:
+        """Rows `a` and `b` trade slots (their columns, family states and positions): the engine keeps the rows a step
+        decodes first, and those whose reader fell behind after them (engine/flow.py)."""
+        batch = self.batch
+        batch.kv.swap(a, b)
+        self.family.cache.swap(batch.cache, a, b)
+        batch.positions[[a, b]] = batch.positions[[b, a]]
+        batch.kv.refresh()
 
     @torch.inference_mode()
     def remove(self, slots: list[int]) -> dict[int, int]:

@@ -6,7 +6,10 @@ become ONE MultiplexResponse (vLLM's engine core, TGI's router and SGLang's sche
 
     calls = Multiplexer(run, draining); async for response in calls.serve(requests): yield response
 
-`run(request)` is GenerateWhole's body (the same checks, errors and outputs). Each call runs as a task that puts its
+`run(request, flow)` is GenerateWhole's body (the same checks, errors and outputs). A call whose client
+acknowledges what its reader takes (`acknowledge_every`, then `read` messages) gets a Flow the engine counts those
+reads on (engine/flow.py): the engine sends it at most --max-unread-tokens ahead of its reader, since the calls of
+one stream share its HTTP/2 window, which cannot hold one of them back. Each call runs as a task that puts its
 outputs and its end into the pending list; the engine hands a step's outputs to every listener in one event-loop
 callback (engine/outbox.py), so all of a step's tasks run before the writer wakes and takes them as one message.
 A cancel aborts a call (its end says CANCELLED); the client half-closing lets the running calls finish, then the
@@ -23,6 +26,7 @@ from contextlib import aclosing
 
 import grpc
 
+from engine.flow import Flow
 from splice.call_guard import RpcMetrics
 from splice.errors import InvalidArgument, Unavailable
 from splice.grpc_errors import status_of
@@ -30,7 +34,7 @@ from splice.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
 
-Run = Callable[[engine_pb2.GenerateRequest], AsyncIterator[engine_pb2.GenerateResponse]]
+Run = Callable[[engine_pb2.GenerateRequest, Flow | None], AsyncIterator[engine_pb2.GenerateResponse]]
 MAX_RESPONSE_BYTES = 1 << 20  # a response is cut before it passes this (gRPC's default receive limit is 4 MiB)
 ITEM_BYTES = 24  # a MultiplexItem's own fields, beside its output's
 VALUE_BYTES = 6  # one token ID or logprob (a varint or a float, in a packed field)
@@ -69,6 +73,7 @@ class Multiplexer:
         self._metrics = metrics  # each call counted as one Multiplex request, with its own status
         self._draining = draining
         self._calls: dict[int, asyncio.Task] = {}
+        self._flows: dict[int, Flow] = {}  # the calls whose client acknowledges what its reader takes
         self._pending: list[engine_pb2.MultiplexItem] = []
         self._ready = asyncio.Event()
         self._closed = False  # the client half-closed: no more calls
@@ -85,12 +90,12 @@ class Multiplexer:
             self._metrics.finish(grpc.StatusCode[code], time.perf_counter() - start)
         self._put(engine_pb2.MultiplexItem(call_id=call_id, end=True, code=code, message=message))
 
-    async def _call(self, call_id: int, request: engine_pb2.GenerateRequest) -> None:
+    async def _call(self, call_id: int, request: engine_pb2.GenerateRequest, flow: Flow | None) -> None:
         start = time.perf_counter()
         if self._metrics is not None:
             self._metrics.start()
         try:
-            async with aclosing(self._run(request)) as outputs:
+            async with aclosing(self._run(request, flow)) as outputs:
                 async for pb in outputs:
                     item = engine_pb2.MultiplexItem(call_id=call_id)
                     item.output.CopyFrom(pb)
@@ -110,11 +115,17 @@ class Multiplexer:
         else:
             self._calls.pop(call_id, None)
             self._end(call_id, "OK", "", start)
+        finally:
+            self._flows.pop(call_id, None)
 
     def _take(self, request: engine_pb2.MultiplexRequest) -> None:
         call_id = request.call_id
         action = request.WhichOneof("action")
-        if action == "cancel":
+        if action == "read":
+            flow = self._flows.get(call_id)
+            if flow is not None:  # (a call that already ended, or one that does not acknowledge: nothing to count)
+                flow.add_read(request.read)
+        elif action == "cancel":
             task = self._calls.get(call_id)
             if task is not None:  # (a call that already ended: its end is on its way)
                 task.cancel()
@@ -125,7 +136,10 @@ class Multiplexer:
                 error = Unavailable("the server is shutting down; retry on another replica or after it restarts")
                 self._end(call_id, error.code, error.message)
                 return
-            self._calls[call_id] = asyncio.ensure_future(self._call(call_id, request.start))
+            flow = None
+            if request.acknowledge_every:
+                flow = self._flows[call_id] = Flow(auto=False, floor=2 * request.acknowledge_every)
+            self._calls[call_id] = asyncio.ensure_future(self._call(call_id, request.start, flow))
         else:
             raise InvalidArgument(f"Multiplex message for call {call_id} has neither start nor cancel")
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from engine.flow import Flow
 from splice.engine_output import EngineOutput
 
 Item = EngineOutput | BaseException  # an exception ends the stream (error, abort, engine stopped)
@@ -24,10 +25,11 @@ Item = EngineOutput | BaseException  # an exception ends the stream (error, abor
 
 @dataclass(eq=False)
 class Listener:
-    """Where one sequence's outputs go. Everything but `loop` and `interval` is touched only on `loop`."""
+    """Where one sequence's outputs go. Everything but `loop`, `interval` and `flow` is touched only on `loop`."""
 
     loop: asyncio.AbstractEventLoop
     interval: int = 1  # tokens to collect before waking the consumer again, once its first output went out
+    flow: Flow | None = None  # its request's (engine/flow.py): what the consumer takes counts as read, when `auto`
     pending: list[Item] = field(default_factory=list)
     pending_tokens: int = 0
     started: bool = False  # the consumer has taken something
@@ -39,7 +41,7 @@ class Listener:
             return False
         last = self.pending[-1]
         return (not self.started or self.pending_tokens >= self.interval or isinstance(last, BaseException)
-                or last.finished)
+                or last.finished or (self.flow is not None and self.flow.behind))  # (paused: it waits for this take)
 
     def deliver(self, item: Item) -> None:
         """On the loop."""
@@ -59,7 +61,10 @@ class Listener:
                 await self.waiter
             finally:
                 self.waiter = None
-        items, self.pending, self.pending_tokens, self.started = self.pending, [], 0, True
+        items, tokens = self.pending, self.pending_tokens
+        self.pending, self.pending_tokens, self.started = [], 0, True
+        if self.flow is not None and self.flow.auto and tokens:
+            self.flow.add_read(tokens)
         error = items[-1] if isinstance(items[-1], BaseException) else None
         outputs = items[:-1] if error is not None else items
         return (EngineOutput.merge(outputs) if outputs else None), error

@@ -7,9 +7,14 @@ ones; while sequences run, a step admits at most `mixed_prefill_tokens` prompt p
 sequence; counted padded to the longest, unless the family packs the step into one forward, where nothing is padded
 and the prompts' own lengths are what it costs — their padded size still within `max_batch_tokens`, for the
 two-forward fallback), so a wave of arrivals adds a bounded prefill to each step instead of stalling the running
-streams for all of it; a prompt longer than that is admitted alone and prefilled `mixed_prefill_tokens` positions
-per step (a Span of it), and decodes once its last part is in. An idle engine admits up to `max_batch_tokens` at
-once. Finished and aborted ones leave at the boundary they finish on.
+streams for all of it; a prompt longer than that is prefilled `mixed_prefill_tokens` positions per step (a Span of
+it, the step's last), and decodes once its last part is in; meanwhile whole prompts of up to half a step's positions
+are admitted beside its parts, passing longer ones in the queue (vLLM's short prompts passing a long partial
+prefill), so one long prompt does not hold every later arrival back for all of its prefill. An idle engine admits up
+to `max_batch_tokens` at once, but a long prompt that asks for prompt logprobs goes in parts there too: each part's
+positions also run through the vocabulary projection, and bounded parts keep other users' steps short. Finished
+and aborted ones leave at the boundary they finish on. A running sequence whose request's reader fell behind
+(`Sequence.paused`, engine/flow.py) is left out of the decode, keeping its slot, until the reader catches up.
 
 A prompt whose beginning is in the prefix cache (`lookup`: the engine's, in positions; the scheduler sees only the
 number) costs only the positions after it: its prefill starts there.
@@ -59,6 +64,9 @@ class SchedulerOutput:
     # this step's prompt positions: the prompts admitted in it, whole (after their cached prefix), or the next part of
     # a long one (then alone)
     prefill: list[Span] = field(default_factory=list)
+    # running, their prompt in, but not decoded in this step: their request's reader is behind (Sequence.paused); they
+    # keep their slots and decode again once it reads
+    paused: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -81,10 +89,13 @@ class Scheduler:
 
     def __init__(self, max_running_seqs: int, max_batch_tokens: int, max_queue: int,
                  mixed_prefill_tokens: int = DEFAULT_MIXED_PREFILL_TOKENS, packs_mixed_steps: bool = False,
-                 lookup: Callable[[Sequence], int] | None = None, max_loras: int | None = None) -> None:
+                 lookup: Callable[[Sequence], int] | None = None, max_loras: int | None = None,
+                 max_seqs_per_request: int | None = None) -> None:
         """`lookup`: prompt positions of a waiting sequence the prefix cache holds now (None: no prefix cache);
-        `max_loras`: distinct adapters the running sequences may have (None: LoRA off)."""
+        `max_loras`: distinct adapters the running sequences may have (None: LoRA off); `max_seqs_per_request`: the
+        most choices one request may hold (None: `max_running_seqs`)."""
         self.max_running_seqs = max_running_seqs
+        self.max_seqs_per_request = max_seqs_per_request
         self.packs_mixed_steps = packs_mixed_steps
         self.max_batch_tokens = max_batch_tokens
         self.mixed_prefill_tokens = mixed_prefill_tokens
@@ -106,6 +117,9 @@ class Scheduler:
 
     def check_choices(self, n: int) -> None:
         """InvalidArgument when a request of `n` choices could never run here (before any work is spent on it)."""
+        if self.max_seqs_per_request is not None and n > self.max_seqs_per_request:
+            raise InvalidArgument(f"n is {n}, but one request may hold at most {self.max_seqs_per_request} sequences "
+                                  f"on this engine (--max-seqs-per-request)")
         if n > self.max_running_seqs:
             raise InvalidArgument(f"n is {n}, but this engine runs at most {self.max_running_seqs} sequences at once "
                                   f"(--max-running-seqs), and all n choices of a request run together")
@@ -128,17 +142,22 @@ class Scheduler:
         return next((s for s in self.running if s.prefilling), None)
 
     def schedule(self) -> SchedulerOutput:
-        decode = [s for s in self.running if not s.prefilling]
-        budget = min(self.max_batch_tokens, self.mixed_prefill_tokens) if decode else self.max_batch_tokens
-        if len(decode) < len(self.running):  # a long prompt: nothing else is admitted until it is in
-            seq = self.prefilling
-            return SchedulerOutput(decode, [Span(seq, seq.computed, min(seq.prompt_len, seq.computed + budget))])
+        decode, paused = [], []
+        for s in self.running:
+            if not s.prefilling:
+                (paused if s.paused else decode).append(s)
+        mixed = min(self.max_batch_tokens, self.mixed_prefill_tokens)
+        budget = mixed if decode else self.max_batch_tokens
+        part = self.prefilling
         head = self._head()
         room = head is not None and self.used + head.slots <= self.max_running_seqs
-        cached = self._cached(head) if room else 0
-        if decode and room and head.prompt_len - cached > budget:  # its rest goes over several steps
-            self._admit(head, cached)
-            return SchedulerOutput(decode, [Span(head, cached, cached + budget)])
+        cached = self._cached(head) if room and part is None else 0
+        if part is None and room and head.prompt_len - cached > mixed and (
+                decode or head.sampling.prompt_logprobs is not None):  # its rest goes over several steps
+            part = head
+            self._admit(part, cached)
+        if part is not None:
+            return self._beside_part(part, decode, paused, budget, mixed)
         admitted: list[Span] = []
         longest = total = 0
         while (seq := self._head()) is not None and self.used + seq.slots <= self.max_running_seqs:
@@ -147,13 +166,41 @@ class Scheduler:
             # prefill rows are padded to the longest prompt, so the padded size is what a prefill forward costs
             padded = max(longest, rest) * (len(admitted) + 1)
             cost = total + rest if decode and self.packs_mixed_steps else padded
-            if admitted and (cost > budget or padded > self.max_batch_tokens):
+            if admitted and (cost > budget or padded > self.max_batch_tokens or (
+                    rest > mixed and seq.sampling.prompt_logprobs is not None)):  # (that one goes in parts, first)
                 break
             self._admit(seq, cached)
             admitted.append(Span(seq, cached, seq.prompt_len))
             longest = max(longest, rest)
             total += rest
-        return SchedulerOutput(decode, admitted)
+        return SchedulerOutput(decode, admitted, paused)
+
+    def _beside_part(self, part: Sequence, decode: list[Sequence], paused: list[Sequence], budget: int,
+                     mixed: int) -> SchedulerOutput:
+        """A step while `part`'s long prompt is prefilled over several: whole waiting prompts that fit in half the
+        step's prompt positions pass it (in queue order, longer ones keep their place: vLLM lets short prompts pass a
+        long partial prefill), then its next part takes the rest (last, after theirs). A part is `mixed` positions
+        while sequences decode, or when its positions are also scored for prompt logprobs (bounded chunks of the
+        vocabulary projection); an idle engine prefills an unscored one's rest at once."""
+        size = mixed if decode or part.sampling.prompt_logprobs is not None else budget
+        admitted: list[Span] = []
+        longest = total = cost = 0
+        for seq in list(self.waiting):
+            if self.used + seq.slots > self.max_running_seqs:
+                break
+            if seq.prompt_len > size // 2 or not self._adapter_fits(seq):  # (a long one waits its turn, even when
+                continue  # a cached prefix makes its rest shorter)
+            cached = self._cached(seq)
+            rest = seq.prompt_len - cached
+            padded = max(longest, rest) * (len(admitted) + 1)
+            new_cost = total + rest if decode and self.packs_mixed_steps else padded
+            if new_cost > size // 2:
+                break
+            self._admit(seq, cached)
+            admitted.append(Span(seq, cached, seq.prompt_len))
+            longest, total, cost = max(longest, rest), total + rest, new_cost
+        end = min(part.prompt_len, part.computed + size - cost)
+        return SchedulerOutput(decode, [*admitted, Span(part, part.computed, end)], paused)
 
     def _cached(self, seq: Sequence) -> int:
         return self.lookup(seq) if self.lookup is not None else 0
@@ -166,6 +213,13 @@ class Scheduler:
         active = {s.adapter for s in self.running if s.adapter is not None}
         full = len(active) >= self.max_loras
         return next((s for s in self.waiting if s.adapter is None or not full or s.adapter in active), None)
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether `seq`'s adapter may run beside the running sequences' (max_loras; always with LoRA off)."""
+        if self.max_loras is None or seq.adapter is None:
+            return True
+        active = {s.adapter for s in self.running if s.adapter is not None}
+        return seq.adapter in active or len(active) < self.max_loras
 
     def _admit(self, seq: Sequence, cached: int) -> None:
         if self.waiting[0] is seq:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
     import xgrammar as xgr
 
+    from engine.flow import Flow
     from engine.lora import LoraAdapter
     from engine.models.base import Prompt
     from engine.outbox import Listener
@@ -85,6 +86,7 @@ class Sequence:
     # --- its caller ---
     arrival: float = 0.0  # time.perf_counter() when it arrived: its time to first token counts from here
     listener: Listener | None = None  # where its outputs go (engine/outbox.py); None once its caller stopped listening
+    flow: Flow | None = None  # how far its request's reader is behind (engine/flow.py), shared by its choices
 
     @property
     def num_generated(self) -> int:
@@ -108,6 +110,11 @@ class Sequence:
     def prefilling(self) -> bool:
         """Its prompt is not all computed yet."""
         return self.computed < self.prompt_len
+
+    @property
+    def paused(self) -> bool:
+        """Its request's reader is --max-unread-tokens behind: it is not decoded until the reader catches up."""
+        return self.flow is not None and self.flow.behind
 
     @property
     def is_finished(self) -> bool:

@@ -22,6 +22,7 @@ from contextlib import aclosing, contextmanager
 import grpc
 
 from engine.byte_budget import ByteBudget
+from engine.flow import Flow
 from engine.llm_engine import LLMEngine
 from engine.metrics import PREFIX_CACHE_RESETS
 from engine.multiplex import Multiplexer
@@ -163,7 +164,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         call counts in the load report as a GenerateWhole call does; the stream carries no trailer of its own."""
         engine = self._ready()
         drain = self.drain
-        calls = Multiplexer(lambda request: self._multiplexed(engine, request),
+        calls = Multiplexer(lambda request, flow: self._multiplexed(engine, request, flow),
                             (lambda: drain.draining) if drain is not None else (lambda: False), self._call_metrics)
         if drain is not None:
             drain.watch(calls.wake)
@@ -174,15 +175,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             if drain is not None:
                 drain.unwatch(calls.wake)
 
-    async def _multiplexed(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
+    async def _multiplexed(self, engine: LLMEngine, request: engine_pb2.GenerateRequest, flow: Flow | None,
                            ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         with self._counted(None):
-            async with aclosing(self._whole(engine, request)) as outputs:
+            async with aclosing(self._whole(engine, request, flow)) as outputs:
                 async for pb in outputs:
                     yield pb
 
-    async def _whole(self, engine: LLMEngine, request: engine_pb2.GenerateRequest,
+    async def _whole(self, engine: LLMEngine, request: engine_pb2.GenerateRequest, flow: Flow | None = None,
                      ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """`flow`: its reader's acknowledgements over Multiplex (engine/flow.py); None: what is sent counts as read,
+        and gRPC's flow control holds the writer back while the client does not read."""
         parts = request.parts
         with self._upload(engine, parts[0] if parts else None) as upload:
             while not upload.assembler.complete and upload.received < len(parts):
@@ -190,7 +193,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             engine_request = upload.assembler.finish()  # raises if the parts ended short of the declared bytes
             if upload.received < len(parts):
                 raise _part_too_many(upload.received, upload.assembler.declared_bytes)
-            async with aclosing(engine.generate(engine_request)) as outputs:
+            async with aclosing(engine.generate(engine_request, flow)) as outputs:
                 async for out in outputs:
                     for pb in out.to_pbs():
                         yield pb

@@ -19,6 +19,7 @@ import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from splice import heap
 from splice.errors import ResourceExhausted
 
 MiB = 1 << 20
@@ -111,6 +112,7 @@ class Ticket:
                 self.admission.held -= self.nbytes
         if _CURRENT.get() is self:  # (tasks and threads started from here on charge nothing to it)
             _CURRENT.set(None)
+        heap.trim_soon(idle=self.admission.running == 0)  # what it held goes back to the OS, not only to the allocator
 
 
 _CURRENT: ContextVar[Ticket | None] = ContextVar("splice_admission_ticket", default=None)

@@ -15,6 +15,7 @@ from preprocessor.admission import Admission
 from preprocessor.http.options import HttpOptions
 from preprocessor.limits import Limits
 from preprocessor.tools.parsers import parser_names
+from splice import heap
 from splice.drain import DEFAULT_GRACE
 from splice.flags import Flag, add_flags, flag, json_flag
 from splice.ports import Listen, first_unbindable
@@ -314,4 +315,7 @@ def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = N
         return 2
     if model_refused("preprocessor", args.model, check):
         return 2
+    # a large body or answer's blocks go back to the OS when freed (the engine keeps glibc's default, which serves its
+    # per-step tensors from the heap without a mapping each)
+    heap.keep_large_blocks_mapped()
     return run_service("preprocessor", serve(args, resolve), args.log_level)

@@ -6,8 +6,10 @@
 The engine sends one message per step carrying every call's outputs (engine/multiplex.py), instead of one message
 per call per step. One reader task hands each call its items; a call's consumer wakes once per message, as before.
 Closing a call's generator early (its caller went away, a stop string matched) sends a cancel, which aborts its
-sequence. When the stream fails (the engine went away), every call on it fails with the stream's status and the
-next call opens a new stream.
+sequence. What a call's consumer takes is acknowledged (`read`, every ACK_EVERY tokens): the engine sends a call at
+most its --max-unread-tokens ahead of that, so a caller that stops reading (an HTTP client that reads nothing) holds
+a bounded inbox here, and its sequences pause on the engine (engine/flow.py). When the stream fails (the engine
+went away), every call on it fails with the stream's status and the next call opens a new stream.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from splice.errors import SpliceError
 from splice.v1 import engine_pb2, engine_pb2_grpc
 
 ErrorOf = Callable[[str, str], SpliceError]  # (status code name, details) -> what the caller raises
+# A call's consumer acknowledges what it took once this many tokens have gathered: one message upstream per this many
+# tokens, not per output (the engine lets a call run at least twice this ahead, so it never waits for a short one)
+ACK_EVERY = 64
 
 
 class _Inbox:
@@ -123,8 +128,9 @@ class MultiplexedCalls:
         stream = self._open()
         call_id = next(self._ids)
         inbox = stream.inboxes[call_id] = _Inbox()
-        stream.send(engine_pb2.MultiplexRequest(call_id=call_id, start=whole))
+        stream.send(engine_pb2.MultiplexRequest(call_id=call_id, start=whole, acknowledge_every=ACK_EVERY))
         ended = False
+        taken = 0  # tokens taken and not yet acknowledged
         try:
             while True:
                 items = await inbox.take()
@@ -132,6 +138,10 @@ class MultiplexedCalls:
                 if last.end:
                     ended = True
                     items.pop()
+                taken += sum(len(item.output.token_ids) for item in items)
+                if taken >= ACK_EVERY and not ended and not stream.failed:
+                    stream.send(engine_pb2.MultiplexRequest(call_id=call_id, read=taken))
+                    taken = 0
                 if items:
                     yield [item.output for item in items]
                 if ended:

@@ -80,6 +80,36 @@ class HybridCache:
                     if t is not None:
                         states[i] = torch.cat([t, t[src:src + 1].expand(copies, *t.shape[1:])])
 
+    def swap(self, cache: DynamicCache, a: int, b: int) -> None:
+        """Rows `a` and `b` trade their states (SlotKV.swap trades their columns)."""
+        for layer in cache.layers:
+            for states in _state_dicts(layer):
+                for t in states.values():
+                    if t is not None:
+                        t[[a, b]] = t[[b, a]]
+
+    def narrow(self, cache: DynamicCache, rows: int) -> list[tuple[dict, int, torch.Tensor]]:
+        """Before a forward of the first `rows` rows only (the others are paused: engine/flow.py): each state
+        tensor is cut to them (the model rewrites what it is given); returns the whole tensors, to put the other rows'
+        states back after it (`widen`)."""
+        aside = []
+        for layer in cache.layers:
+            for states in _state_dicts(layer):
+                for i, t in states.items():
+                    if t is not None and t.shape[0] > rows:
+                        aside.append((states, i, t))
+                        states[i] = t[:rows]
+        return aside
+
+    def widen(self, cache: DynamicCache, aside: list[tuple[dict, int, torch.Tensor]]) -> None:
+        """After that forward: the first rows' new states, then the others' as they were."""
+        for states, i, whole in aside:
+            new = states[i]
+            rows = new.shape[0]
+            if new.data_ptr() != whole.data_ptr():  # (written in place: `whole` holds them already)
+                whole = torch.cat([new, whole[rows:]])
+            states[i] = whole
+
     def truncate(self, cache: DynamicCache, rows: int) -> None:
         """Keeps the states of the first `rows` slots (a view; the rest is freed with the next join)."""
         for layer in cache.layers:

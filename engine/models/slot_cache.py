@@ -109,37 +109,43 @@ class SlotKV:
         first = self.rows if first is None else first
         self.plan = Plan(first, count, past, None, past + q, q)
 
-    def plan_decode(self) -> None:
-        """One new column for every row in use, each at its own end."""
-        col = self.end[0] if len(set(self.end)) == 1 else None
-        cols = None if col is not None else torch.tensor(self.end)
-        self.plan = Plan(0, self.rows, col or 0, cols, self.width + 1, 1)
+    def plan_decode(self, rows: int | None = None) -> None:
+        """One new column for each of the first `rows` rows (default: every row in use), each at its own end."""
+        rows = self.rows if rows is None else rows
+        ends = self.end[:rows]
+        col = ends[0] if len(set(ends)) == 1 else None
+        cols = None if col is not None else torch.tensor(ends)
+        self.plan = Plan(0, rows, col or 0, cols, max(ends) + 1, 1)
 
-    def plan_packed(self, segments: list[Segment], device: torch.device | None = None, reserve: int = 0) -> None:
-        """A packed forward: one new column for every row in use, each at its own end, then `segments` (`reserve`: a
-        long prompt's whole length, as in Plan)."""
-        rows = self.rows
-        same = len(set(self.end)) <= 1
-        cols = None if same else torch.tensor(self.end, device=device)
-        decode_width = self.width + 1 if rows else 0
+    def plan_packed(self, segments: list[Segment], device: torch.device | None = None, reserve: int = 0,
+                    rows: int | None = None) -> None:
+        """A packed forward: one new column for each of the first `rows` rows (default: every row in use), each at
+        its own end, then `segments` (`reserve`: a long prompt's whole length, as in Plan)."""
+        rows = self.rows if rows is None else rows
+        ends = self.end[:rows]
+        same = len(set(ends)) <= 1
+        cols = None if same else torch.tensor(ends, device=device)
+        decode_width = max(ends) + 1 if rows else 0
         decode_mask = None
-        if rows and not (same and not any(self.start)):  # some row's columns are not all real
-            decode_mask = self.key_mask(1).bool()[:, None, None].to(device)
+        if rows and not (same and not any(self.start[:rows])):  # some row's columns are not all real
+            decode_mask = self.key_mask(1, rows).bool()[:, None, None].to(device)
         masks: list[torch.Tensor | None] = []
         for s in segments:
             key = torch.arange(s.past + s.length, device=device)
             query = s.past + torch.arange(s.length, device=device)
             masks.append((key[None, :] <= query[:, None])[None, None] if s.past else None)
-        packed = Packed(rows, cols, self.end[0] if same and rows else 0, decode_width, decode_mask, list(segments),
+        packed = Packed(rows, cols, ends[0] if same and rows else 0, decode_width, decode_mask, list(segments),
                         masks)
-        slots = max([rows, *(s.slot + 1 for s in segments)])
+        slots = max([self.rows, *(s.slot + 1 for s in segments)])
         width = max([decode_width, *(s.past + s.length for s in segments)])
         self.plan = Plan(0, slots, 0, None, width, rows + sum(s.length for s in segments), packed, reserve)
 
-    def key_mask(self, q: int) -> torch.Tensor:
-        """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask)."""
-        col = torch.arange(self.width + q)
-        start, end = torch.tensor(self.start), torch.tensor(self.end)
+    def key_mask(self, q: int, rows: int | None = None) -> torch.Tensor:
+        """[rows, width + q] long: 1 at each row's real columns and its q new ones (the decode step's mask), for the
+        first `rows` rows (default: every row in use; `width` is theirs)."""
+        rows = self.rows if rows is None else rows
+        start, end = torch.tensor(self.start[:rows]), torch.tensor(self.end[:rows])
+        col = torch.arange(max(self.end[:rows], default=0) + q)
         return ((col[None] >= start[:, None]) & (col[None] < end[:, None] + q)).long()
 
     # --- rows ----------------------------------------------------------------------------------------
@@ -149,8 +155,17 @@ class SlotKV:
         self.start += starts
         self.end += ends
 
-    def advance(self, q: int = 1) -> None:
-        self.end = [e + q for e in self.end]
+    def advance(self, q: int = 1, rows: int | None = None) -> None:
+        """The first `rows` rows (default: all) are q columns longer."""
+        rows = self.rows if rows is None else rows
+        self.end[:rows] = [e + q for e in self.end[:rows]]
+
+    def swap(self, a: int, b: int) -> None:
+        """Rows `a` and `b` trade slots (their columns, in every layer): the rows a step decodes are the first ones."""
+        for layer in self.layers.values():
+            layer.swap_rows(a, b, self.end[a], self.end[b])
+        self.start[a], self.start[b] = self.start[b], self.start[a]
+        self.end[a], self.end[b] = self.end[b], self.end[a]
 
     def move(self, src: int, dst: int) -> None:
         """Slot `src`'s row into slot `dst` (only its columns are copied)."""
@@ -183,6 +198,13 @@ class SlotKV:
     def truncate(self, rows: int) -> None:
         """Frees the slots from `rows` on."""
         del self.start[rows:], self.end[rows:]
+
+    def free(self) -> None:
+        """Drops every layer's buffers now: a layer and its SlotKV refer to each other, so without this they (and
+        their reserved pages) would wait for the cyclic garbage collector, which an idle process never runs."""
+        for layer in self.layers.values():
+            layer.k_buf = layer.v_buf = layer.keys = layer.values = None
+        self.layers = {}
 
     def refresh(self) -> None:
         """Points every layer's `keys` / `values` at the rows and columns in use (views, no copy)."""
@@ -293,6 +315,13 @@ class SlotLayer(DynamicLayer):
             self.k_buf[dst, :, :width] = self.k_buf[src, :, :width]
             self.v_buf[dst, :, :width] = self.v_buf[src, :, :width]
 
+    def swap_rows(self, a: int, b: int, width_a: int, width_b: int) -> None:
+        if self.k_buf is not None:
+            for buf in (self.k_buf, self.v_buf):
+                row_a = buf[a, :, :width_a].clone()
+                buf[a, :, :width_b] = buf[b, :, :width_b]
+                buf[b, :, :width_a] = row_a
+
     def show(self, rows: int, width: int) -> None:
         if self.k_buf is not None:
             self.keys = self.k_buf[:rows, :, :width]
@@ -340,6 +369,16 @@ class SlotKVCache:
 
     def fork(self, cache: Cache, src: int, copies: int) -> None:
         """Nothing beyond the SlotKV's own copies (SlotKV.fork)."""
+
+    def swap(self, cache: Cache, a: int, b: int) -> None:
+        """Nothing beyond the SlotKV's own (SlotKV.swap)."""
+
+    def narrow(self, cache: Cache, rows: int) -> Any:
+        """Before a forward of the first `rows` rows only: the slot layers read the plan's rows already."""
+        return None
+
+    def widen(self, cache: Cache, aside: Any) -> None:
+        """After it (`aside`: what `narrow` returned)."""
 
     def truncate(self, cache: Cache, rows: int) -> None:
         pass

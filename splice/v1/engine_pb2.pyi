@@ -122,14 +122,18 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., prompt_logprobs: _Optional[_Union[_common_pb2.PromptLogprobs, _Mapping]] = ..., index: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class MultiplexRequest(_message.Message):
-    __slots__ = ("call_id", "start", "cancel")
+    __slots__ = ("call_id", "start", "cancel", "read", "acknowledge_every")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_EVERY_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     start: GenerateRequest
     cancel: bool
-    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    read: int
+    acknowledge_every: int
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., read: _Optional[int] = ..., acknowledge_every: _Optional[int] = ...) -> None: ...
 
 class MultiplexItem(_message.Message):
     __slots__ = ("call_id", "output", "end", "code", "message")

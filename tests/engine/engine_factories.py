@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 from PIL import Image
 
@@ -59,3 +61,12 @@ def with_embed_span(ids: list[int], tensors: dict, at: int, rows: torch.Tensor, 
 async def collect(engine: LLMEngine, req: EngineRequest) -> tuple[list[int], list[EngineOutput]]:
     outs = [out async for out in engine.generate(req)]
     return [t for o in outs for t in o.token_ids], outs
+
+
+async def wait_until(predicate, what: str) -> None:
+    """Until `predicate()` holds (polled every 5 ms; a hang guard after a minute, not a timing assertion)."""
+    for _ in range(12000):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never: {what}")

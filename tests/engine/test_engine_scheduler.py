@@ -147,13 +147,32 @@ def test_while_sequences_run_each_step_decodes_them_and_admits_a_bounded_prefill
     assert len(out.decode) == 4 and long.status is SeqStatus.RUNNING and s.prefilling is long
     assert long.computed == 12 and not long.output_ids
     s.add(late := seq(2, "late"))
-    out = step(s)  # nothing else is admitted meanwhile
-    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 12, 24)] and len(out.decode) == 4
-    out = step(s)
-    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 24, 30)]
+    s.add(later := seq(7, "later"))
+    out = step(s)  # a short prompt passes it (within half the step), then its next part takes the rest
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(late, 0, 2), (long, 12, 22)]
+    assert len(out.decode) == 4 and late.output_ids == [5]
+    out = step(s)  # 7 positions are more than half a step: "later" waits for the long prompt
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(long, 22, 30)] and len(out.decode) == 5
     assert s.prefilling is None and long.computed == 30 and long.output_ids == [5]  # (from its last part)
     out = step(s)
-    assert admitted(out) == [late] and long in out.decode
+    assert admitted(out) == [later] and long in out.decode
+
+
+def test_a_long_prompt_asking_for_prompt_logprobs_goes_in_parts_even_on_an_idle_engine():
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
+    s.add(scored := seq(30, "scored", prompt_logprobs=5))
+    s.add(seq(30, "plain"))
+    out = step(s)  # nothing decodes, yet its positions go 12 at a time (the plain one waits behind it)
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(scored, 0, 12)]
+    s.add(short := seq(3, "short"))
+    out = step(s)
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(short, 0, 3), (scored, 12, 21)]
+    out = step(s)
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(scored, 21, 30)]
+    s2 = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=10, mixed_prefill_tokens=12)
+    s2.add(plain2 := seq(30, "plain"))
+    s2.add(seq(30, "scored", prompt_logprobs=5))
+    assert admitted(step(s2)) == [plain2]  # an unscored one on an idle engine: at once, alone
 
 
 def test_a_packed_mixed_step_admits_by_the_prompts_own_lengths():
@@ -257,3 +276,23 @@ def test_max_loras_bounds_the_adapters_running_together():
         assert not admitted(step(s))
     assert [x.request_id for x in admitted(step(s))] == ["c"]
     assert len({x.adapter for x in s.running if x.adapter}) <= 2
+
+
+def test_short_prompts_passing_a_long_partial_prefill_keep_to_max_loras():
+    """While a long prompt goes in parts, a short one whose adapter would be one too many does not pass it; one under
+    a running adapter does."""
+    a, b = "adapter-a", "adapter-b"
+    s = Scheduler(max_running_seqs=8, max_batch_tokens=100, max_queue=8, mixed_prefill_tokens=12, max_loras=1)
+    s.add(first := seq(4, "first"))
+    first.adapter = a
+    step(s)
+    s.add(long := seq(30, "long"))
+    long.adapter = a
+    assert [(p.seq, p.start, p.end) for p in step(s).prefill] == [(long, 0, 12)]
+    s.add(other := seq(2, "other"))
+    other.adapter = b
+    s.add(same := seq(2, "same"))
+    same.adapter = a
+    out = step(s)
+    assert [(p.seq, p.start, p.end) for p in out.prefill] == [(same, 0, 2), (long, 12, 22)]
+    assert other.status is SeqStatus.WAITING

@@ -131,9 +131,9 @@ async def test_prompts_joining_running_rows_give_their_solo_prompt_logprobs(name
     parts, packed = [], engine.packed_steps
     execute = engine.runner.execute
 
-    def counted(tokens, prompt_parts):  # calls through: which parts the prompts were prefilled in
+    def counted(tokens, prompt_parts, *rest):  # calls through: which parts the prompts were prefilled in
         parts.extend(p.start for p in prompt_parts)
-        return execute(tokens, prompt_parts)
+        return execute(tokens, prompt_parts, *rest)
 
     engine.runner.execute = counted
     runner = engine.generate(text_request(random_ids(6, seed=4), "runner", max_tokens=60))

@@ -3,7 +3,9 @@ row into their slot, without reallocating or moving the others; every row keeps 
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from engine.config import EngineConfig
 from engine.loader import load
 from engine.model_runner import batch_capacity
 from splice.engine_request import EngineRequest
+from tests.engine.engine_factories import random_ids, text_request, wait_until
 from tests.engine.runner_rows import Part, Rows
 
 
@@ -145,3 +148,20 @@ def test_buffers_grow_past_the_capacity_keeping_what_was_written(family):
     assert runner.batch.kv.layers[0].k_buf.shape[2] >= 70
     for s, tokens in got.items():
         assert tokens == solo[s][:len(tokens)], f"sequence {s}"
+
+
+async def test_an_idle_engine_frees_its_batch_buffers_without_the_cyclic_collector(engines):
+    """A slot layer and its SlotKV refer to each other: dropped as a pair, their reserved key/value pages waited for a
+    full collection, which an idle engine never runs (its RSS stayed up after a burst)."""
+    engine = engines("tiny-text")
+    stream = engine.generate(text_request(random_ids(6, seed=17), "burst", max_tokens=8))
+    await anext(stream)
+    buffers = weakref.ref(next(iter(engine.runner.batch.kv.layers.values())).k_buf)
+    gc.disable()
+    try:
+        async for _ in stream:
+            pass
+        await wait_until(lambda: engine.runner.batch is None, "the engine idle")
+        assert buffers() is None
+    finally:
+        gc.enable()

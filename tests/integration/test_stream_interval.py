@@ -33,7 +33,9 @@ def test_the_same_answer_in_fewer_chunks(stack, interval_stack, mixed_messages):
     grouped = _chunks(interval_stack[1].address, mixed_messages, max_tokens=NEW, ignore_eos=True)
     assert [t for c in grouped for t in c.token_ids] == [t for c in every for t in c.token_ids]
     assert "".join(c.text for c in grouped) == "".join(c.text for c in every)
-    assert grouped[-1].usage == every[-1].usage and grouped[-1].finish_reason == every[-1].finish_reason == "length"
+    # (usage's cached_tokens may differ: one stack's prefix cache may hold the prompt from an earlier test)
+    counts = [(c[-1].usage.prompt_tokens, c[-1].usage.completion_tokens) for c in (grouped, every)]
+    assert counts[0] == counts[1] and grouped[-1].finish_reason == every[-1].finish_reason == "length"
     # after the first chunk, a chunk goes out only with INTERVAL tokens or more (more when a reader lagged), or at
     # the end; the first token alone is not held back (tests/engine/test_engine_handoff.py), though a lagging
     # reader may merge it with the next

@@ -42,7 +42,8 @@ class StandinEngine(engine_pb2_grpc.EngineServicer):
 
     async def Multiplex(self, request_iterator, context):
         """The engine's own multiplexing (engine/multiplex.py) around this stand-in's GenerateWhole."""
-        async for response in Multiplexer(lambda request: self.GenerateWhole(request, None)).serve(request_iterator):
+        calls = Multiplexer(lambda request, flow: self.GenerateWhole(request, None))  # (reads nothing it is told)
+        async for response in calls.serve(request_iterator):
             yield response
 
     async def _reply(self, assembler: RequestAssembler, context):

@@ -1,0 +1,90 @@
+"""Freed memory back to the operating system, so that a process's RSS comes back after a large request (glibc; a
+no-op elsewhere).
+
+glibc serves large blocks with mmap and unmaps them when freed, but after freeing one it raises that threshold to
+the block's size (up to 32 MiB): from then on such blocks come from the heap, whose freed pages it keeps. One large
+body or answer (a 25 MB `logit_bias`, a whole answer with logprobs) thus left the preprocessor's RSS tens of MB
+higher for good, and each larger one higher still. `keep_large_blocks_mapped` (the preprocessor's start) fixes the
+threshold at its default; `trim_soon` has a thread return the heap's free pages (malloc_trim) at most every TRIM_EVERY
+seconds after requests end (both services: the engine keeps glibc's threshold, whose heap serves its per-step
+tensors without a mapping and page faults each).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+import threading
+import time
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 << 10  # glibc's default: blocks this large or larger are mapped on their own
+TRIM_EVERY = 2.0  # seconds between two trims at most (one costs a few ms, off the event loop, the GIL released)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+def available() -> bool:
+    """glibc's mallopt and malloc_trim are there (else every call here does nothing)."""
+    return _libc() is not None
+
+
+def keep_large_blocks_mapped() -> None:
+    """Blocks of MMAP_THRESHOLD bytes or more are always mapped, and unmapped when freed (setting the thresholds
+    turns glibc's raising of them off)."""
+    if (libc := _libc()) is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD)
+
+
+def trim() -> None:
+    """The heap's free pages back to the OS (a few ms on a heap of hundreds of MB; call it after large work, not per
+    request)."""
+    if (libc := _libc()) is not None:
+        libc.malloc_trim(0)
+
+
+_asked = threading.Event()
+_collect = False  # the next trim collects cyclic garbage first
+_trimmer: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def _trim_when_asked() -> None:
+    global _collect
+    while True:
+        _asked.wait()
+        _asked.clear()
+        if _collect:
+            _collect = False
+            gc.collect()
+        trim()
+        time.sleep(TRIM_EVERY)  # (asks meanwhile are answered by the next trim)
+
+
+def trim_soon(idle: bool = False) -> None:
+    """Asks the trimming thread for a trim (cheap: call it whenever a request ends). `idle`: nothing is in flight any
+    more; the trim first collects cyclic garbage (a refused request's traceback holds its frames, and their large
+    locals, in a cycle), which an idle process's collector, run by allocations, would never reach."""
+    global _trimmer, _collect
+    if idle:
+        _collect = True
+    if _libc() is None and not idle:
+        return
+    if _trimmer is None:
+        with _lock:
+            if _trimmer is None:
+                _trimmer = threading.Thread(target=_trim_when_asked, name="splice-heap-trim", daemon=True)
+                _trimmer.start()
+    _asked.set()
