@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.batch import Batch
 from engine.models import ModelFamily, Prompt, StepInputs
 from engine.models.attention import PACKED
 from engine.models.slot_cache import Segment, SlotKV
@@ -25,15 +25,6 @@ if TYPE_CHECKING:
 
 PREFILL_CHUNK = 1024  # query positions per forward of a long prompt: bounds its activations and its mask to this x T
 NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # what a packed forward hands transformers as its mask
-
-
-@dataclass
-class Batch:
-    """The running rows (slots 0 .. rows - 1 of `kv`) and any prompt's columns being prefilled after them."""
-
-    cache: Any  # the family's cache over the slots in use
-    kv: SlotKV  # the slot table and key/value buffers
-    positions: torch.Tensor  # [rows] long; position id of each row's next token
 
 
 def left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:

@@ -25,13 +25,14 @@ from transformers import AutoTokenizer
 
 from engine import fork
 from engine.config import EngineConfig
-from engine.flow import Flow
+from engine.flow import Flow, Pauses, arrange
 from engine.loader import LoadedModel, load
-from engine.lora import LoraAdapter, LoraRegistry, load_adapter
+from engine.lora import LoraAdapter
+from engine.lora.served import ServedLoras
 from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, RunnerOutput, batch_capacity
 from engine.models import Prompt
-from engine.outbox import Listener, Outbox
+from engine.outbox import Listener, Outbox, Waiters
 from engine.prefix_cache import PrefixKeys, for_engine, request_keys
 from engine.prompt_logprobs import PromptScores
 from engine.sampler import Sampler, Top
@@ -42,7 +43,7 @@ from engine.validate import validate_request
 from splice import heap
 from splice.engine_output import EngineOutput, FinishReason, Usage
 from splice.engine_request import EngineRequest
-from splice.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, SpliceError, Unavailable
+from splice.errors import DeadlineExceeded, SpliceError, Unavailable
 from splice.grammar_cache import GrammarCache
 from splice.model_info import ModelInfo
 from splice.offload import inline_or_thread
@@ -78,18 +79,18 @@ class LLMEngine:
         budget = cfg.max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.m.info.max_model_len, cfg.max_running_seqs)
         mixed = cfg.mixed_prefill_tokens or mixed_prefill_default(self.m.device.type == "cuda"
                                                                   or cfg.simulate_forward_ms is not None)
-        self.loras = self._serve_loras() if cfg.enable_lora else None  # the LoRA adapters served (None: LoRA off)
+        self.loras = ServedLoras(cfg, self.m)  # the LoRA adapters served (none: LoRA off)
         self.scheduler = Scheduler(cfg.max_running_seqs, budget, cfg.max_queue, mixed,
                                    self.family.packs_mixed_steps, self._cached if self.prefix is not None else None,
                                    cfg.max_loras if cfg.enable_lora else None, cfg.max_seqs_per_request)
-        # reset_prefix_cache calls waiting for the engine thread (each loop and the future it resolves)
-        self._resets: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        # reset_prefix_cache calls waiting for the engine thread
+        self._resets = Waiters()
         self._lock = threading.Lock()  # guards the scheduler, the records' table and their listeners
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.requests: dict[int, Sequence] = {}  # seq_id -> every live sequence's record: the engine's one table
-        self._paused: set[Flow] = set()  # requests paused at the last schedule: their readers fell behind (flow.py)
+        self._paused = Pauses(cfg.unread_timeout)  # requests paused at the last schedule: readers behind (flow.py)
         # The forward runs on a device (a GPU, or simulated): a launch returns at once and the host waits only when it
         # samples, so a step's outputs are handed over after the next forward's launch, while it runs, instead of
         # taking the GIL and the cores from the host work that prepares it. On CPU the forward is that host work: no
@@ -106,16 +107,6 @@ class LLMEngine:
     @property
     def info(self) -> ModelInfo:
         return self.m.info
-
-    def _serve_loras(self) -> LoraRegistry:
-        """The registry, with every --lora-modules adapter read and checked (the first that cannot be served stops the
-        engine, its one line naming it)."""
-        read = functools.partial(load_adapter, targets=self.m.lora_targets, max_rank=self.cfg.max_lora_rank,
-                                 hidden_size=self.m.info.hidden_size, device=self.m.device, dtype=self.m.dtype)
-        registry = LoraRegistry(read, self.cfg.cpu_loras)
-        for name, path in self.cfg.lora_modules:
-            registry.add(name, path)
-        return registry
 
     @property
     def num_running(self) -> int:
@@ -141,7 +132,7 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         self.runner.clear()
-        self._answer_resets()  # (asked for as it stopped: nothing is cached any more that matters)
+        self._resets.answer()  # (asked for as it stopped: nothing is cached any more that matters)
         if self._grammars is not None:
             self._grammars.close()
             self._grammars = None
@@ -175,17 +166,6 @@ class LLMEngine:
             return request_keys(req, self.m.family, fingerprint, self.prefix.block_size)
         return None
 
-    async def adapter(self, name: str) -> LoraAdapter | None:
-        """The LoRA adapter a request names ("" = the base model): NotFound for a name not served, FailedPrecondition
-        when LoRA is off."""
-        if not name:
-            return None
-        if self.loras is None:
-            raise FailedPrecondition(f"this engine serves no LoRA adapters (start it with --enable-lora); the "
-                                     f"request asked for {name!r}")
-        found = self.loras.cached(name)
-        return found if found is not None else await asyncio.to_thread(self.loras.get, name)
-
     def _cached(self, seq: Sequence) -> int:
         """Prompt positions of a waiting `seq` the prefix cache holds now; none for a request that asks for prompt
         logprobs (its positions are scored)."""
@@ -201,7 +181,7 @@ class LLMEngine:
             raise Unavailable("engine is not started")
         arrival = time.perf_counter()
         self.scheduler.check_choices(req.sampling.n)  # (read-only: no lock)
-        adapter = await self.adapter(req.lora)
+        adapter = await self.loras.adapter(req.lora)
         # with tensors, the finite checks read every tensor byte: off the event loop, like the forward
         inline = not req.tensors and req.prompt_len <= INLINE_VALIDATE_TOKENS
         keys = await inline_or_thread(inline, self._check, req, adapter)
@@ -248,41 +228,12 @@ class LLMEngine:
                 for s in seqs:
                     s.listener = None
 
-    def _lora_registry(self) -> LoraRegistry:
-        if self.loras is None:
-            raise FailedPrecondition("this engine serves no LoRA adapters (start it with --enable-lora)")
-        return self.loras
-
-    async def load_lora(self, name: str, path: str) -> None:
-        """Serves the PEFT adapter in folder `path` as `name` from now on (vLLM's /v1/load_lora_adapter): read and
-        checked in a thread; InvalidArgument naming it when it cannot be served or the name is taken."""
-        if not name or name == self.info.model:
-            raise InvalidArgument(f"a LoRA adapter cannot be named {name!r} (the base model's name, or empty)")
-        await asyncio.to_thread(self._lora_registry().add, name, path)
-
-    def unload_lora(self, name: str) -> None:
-        """Stops serving adapter `name` (requests already running under it finish under it); NotFound when no adapter
-        has that name."""
-        self._lora_registry().remove(name)
-
-    @property
-    def lora_adapters(self) -> dict[str, str]:
-        """Name -> folder of every adapter served (empty with LoRA off)."""
-        return self.loras.served if self.loras is not None else {}
-
     def _grammar_cache(self) -> GrammarCache:
         if self._grammars is None:  # (its tokenizer is loaded by its compile thread, at the first compile)
             self._grammars = GrammarCache(functools.partial(AutoTokenizer.from_pretrained, self.cfg.model),
                                           self._logits_width or self.m.info.vocab_rows, self.m.info.eos_token_ids,
                                           self.cfg.structured_compile_timeout, self.cfg.structured_cache_mb << 20)
         return self._grammars
-
-    def _answer_resets(self) -> None:
-        """Lock not held. Ends the reset_prefix_cache calls waiting so far (each on its own event loop)."""
-        with self._lock:
-            resets, self._resets = self._resets, []
-        for loop, done in resets:
-            loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))
 
     async def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix block (vLLM's /reset_prefix_cache): requests that arrive after it returns
@@ -293,12 +244,7 @@ class LLMEngine:
         if self._thread is None:  # (not started, or stopped: nothing else touches the cache)
             self.prefix.reset()
             return True
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        with self._lock:
-            self._resets.append((loop, done))
-        self._wake.set()
-        await done
+        await self._resets.wait(self._wake.set)
         return True
 
     def abort(self, request_id: str) -> int:
@@ -317,7 +263,7 @@ class LLMEngine:
         while not self._stopping:
             try:
                 if not self.step():
-                    self._wake.wait(self._pause_left())
+                    self._wake.wait(self._paused.left())
                     self._wake.clear()
             except Exception:  # a bug in the loop itself: fail what is running, keep serving
                 log.exception("engine step failed")
@@ -335,7 +281,7 @@ class LLMEngine:
         start = time.perf_counter()
         rows, parts = self._plan(out)
         try:
-            loras = [s.adapter for s in rows] if self.loras is not None else None
+            loras = [s.adapter for s in rows] if self.loras.enabled else None
             ran = self.runner.execute([s.output_ids[-1] for s in rows], [p for _, p in parts], loras)
             if self._overlap:  # the forward runs on the device: the previous step's outputs go out meanwhile
                 self._flush()
@@ -362,69 +308,28 @@ class LLMEngine:
         if self._resets:
             self.prefix.reset()
             self.stats.prefix_cache(0, 0, 0)
-            self._answer_resets()
+            self._resets.answer()
         with self._lock:
             aborted = self.scheduler.drain_aborts()
         self._release(aborted)
         with self._lock:
             out = self.scheduler.schedule()
             self.stats.scheduled(len(self.scheduler.running), len(self.scheduler.waiting), len(out.paused))
-        if out.paused or self._paused:
-            self._time_pauses(out.paused)
+        if out.paused or self._paused.flows:  # those paused too long are cancelled: their slots go to readers
+            for seqs in self._paused.note(out.paused):
+                self._fail(seqs, DeadlineExceeded(
+                    f"request {seqs[0].request_id}: its reader fell {seqs[0].flow.limit} tokens behind "
+                    f"(--max-unread-tokens) and read none of them for {self.cfg.unread_timeout:g} s (--unread-timeout);"
+                    f" cancelled so that its slots go to readers that read"))
         if not self._overlap or out.is_empty:  # (else once the next forward is launched: `step`)
             self._flush()
         return out
-
-    def _time_pauses(self, paused: list[Sequence]) -> None:
-        """Lock not held. Notes when each paused request's pause began (a request that reads again starts afresh)
-        and cancels those paused --unread-timeout or longer: their slots go to readers that read."""
-        now = time.monotonic()
-        flows = {s.flow for s in paused}
-        for flow in self._paused - flows:
-            flow.paused_since = None
-        expired = set()
-        for flow in flows:
-            if flow.paused_since is None:
-                flow.paused_since = now
-            elif now - flow.paused_since >= self.cfg.unread_timeout:
-                expired.add(flow)
-        self._paused = flows - expired
-        for flow in expired:
-            seqs = [s for s in paused if s.flow is flow]
-            self._fail(seqs, DeadlineExceeded(
-                f"request {seqs[0].request_id}: its reader fell {flow.limit} tokens behind (--max-unread-tokens) and "
-                f"read none of them for {self.cfg.unread_timeout:g} s (--unread-timeout); cancelled so that its slots "
-                f"go to readers that read"))
-
-    def _pause_left(self) -> float | None:
-        """Seconds until the first paused request's --unread-timeout ends (None: none is paused): an idle engine
-        wakes then to cancel it."""
-        if not self._paused:
-            return None
-        first = min(f.paused_since for f in self._paused if f.paused_since is not None)
-        return max(0.0, first + self.cfg.unread_timeout - time.monotonic()) + 0.01
-
-    def _arrange(self, decode: list[Sequence]) -> None:
-        """Puts the rows `decode` in the first slots (the runner decodes the first rows; paused ones wait after
-        them), swapping each that is not with a paused row that is: none while no reader is behind."""
-        k = len(decode)
-        if k == self.runner.rows:
-            return
-        movers = [s for s in decode if s.slot >= k]
-        if not movers:
-            return
-        decoding = set(decode)
-        holes = sorted((s for s in self.scheduler.running if s.slot is not None and s.slot < k and s not in decoding),
-                       key=lambda s: s.slot)
-        for seq, other in zip(movers, holes, strict=True):
-            self.runner.swap(seq.slot, other.slot)
-            seq.slot, other.slot = other.slot, seq.slot
 
     def _plan(self, out: SchedulerOutput) -> tuple[list[Sequence], list[tuple[Sequence, PromptPart]]]:
         """The runner's plan: the decoding rows in slot order (the first slots), and this step's prompt parts, each
         prompt merged (text, image features, supplied rows) at its first part; one whose vision/merge fails fails
         alone."""
-        self._arrange(out.decode)
+        arrange(out.decode, self.scheduler.running, self.runner.swap)
         rows = list(out.decode)
         for seq in out.decode:
             rows[seq.slot] = seq

@@ -29,7 +29,7 @@ import torch
 
 from engine import forwards as fw
 from engine import prompt_logprobs as plp
-from engine.forwards import Batch
+from engine.batch import Batch
 from engine.models import ModelFamily, Prompt
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache, PrefixKeys
@@ -276,7 +276,7 @@ class ModelRunner:
         first = kv.rows
         for k, part in enumerate(parts):
             if self.prefix is not None and part.keys is not None:
-                self._keep(part.keys.keys, kv, first + k, starts[k])
+                self.prefix.keep(part.keys.keys, kv, first + k, starts[k])
         kv.add_rows(starts, ends)
         nexts = torch.tensor([p.prompt.next_position for p in parts], device=f.device)
         if b is None:
@@ -290,80 +290,23 @@ class ModelRunner:
             out.slots[i] = first + k
             if part.copies:
                 try:
-                    out.copies[i] = self._fork(first + k, part.copies)
+                    out.copies[i] = b.fork(f.cache, first + k, part.copies)
                 except Exception as exc:  # (growing the key/value buffers): its request fails, its row stays for now
                     out.failed[i] = exc
         kv.refresh()
 
-    def _fork(self, slot: int, copies: int) -> list[int]:
-        """New rows after the rows in use, each a copy of `slot`'s row as it stands after its prompt's prefill (its
-        key/value columns, its family's states, its next position): the other choices of an n > 1 request. From
-        here on every row is on its own. On an exception (a buffer that cannot grow) the batch is as it was."""
-        b = self.batch
-        rows = b.kv.rows
-        try:
-            for _ in range(copies):
-                b.kv.fork(slot)
-            self.family.cache.fork(b.cache, slot, copies)
-        except BaseException:
-            b.kv.truncate(rows)
-            self.family.cache.truncate(b.cache, rows)
-            b.kv.refresh()
-            raise
-        b.positions = torch.cat([b.positions, b.positions[slot:slot + 1].expand(copies)])
-        return list(range(rows, rows + copies))
-
-    def _keep(self, keys: list[bytes], kv: SlotKV, slot: int, start: int) -> None:
-        """Blocks of `keys` into the prefix cache, from `slot`'s columns (from column `start`); a failure to keep them
-        costs later hits only."""
-        try:
-            self.prefix.store(keys, kv, slot, start)
-        except Exception:
-            log.exception("keeping blocks in the prefix cache failed")
-
     def keep_generated(self, slot: int, prompt: PrefixKeys, generated: list[int]) -> None:
-        """The whole blocks of `generated` tokens of the row in `slot` after its prompt (of keys `prompt`) into the
-        prefix cache, as far as its columns are written: a multi-turn chat's next prompt re-sends them."""
-        b = self.batch
-        keys = prompt.extend(generated, self.prefix.block_size) if self.prefix is not None else []
-        if b is None or slot >= b.kv.rows or not keys:
-            return
-        size, first = self.prefix.block_size, len(prompt.keys)
-        start = b.kv.start[slot]
-        whole = (b.kv.end[slot] - start) // size - first  # blocks of it whose every column is written
-        if whole > 0:
-            self._keep(keys[:whole], b.kv, slot, start + first * size)
+        """The whole blocks of the tokens the row in `slot` generated into the prefix cache (engine/prefix_cache.py)."""
+        if self.batch is not None and self.prefix is not None:
+            self.prefix.keep_generated(self.batch.kv, slot, prompt, generated)
 
     @torch.inference_mode()
     def swap(self, a: int, b: int) -> None:
-        """Rows `a` and `b` trade slots (their columns, family states and positions): the engine keeps the rows a step
-        decodes first, and those whose reader fell behind after them (engine/flow.py)."""
-        batch = self.batch
-        batch.kv.swap(a, b)
-        self.family.cache.swap(batch.cache, a, b)
-        batch.positions[[a, b]] = batch.positions[[b, a]]
-        batch.kv.refresh()
+        """Rows `a` and `b` trade slots: the engine keeps the rows a step decodes first, and those whose reader fell
+        behind after them (engine/flow.py)."""
+        self.batch.swap(self.family.cache, a, b)
 
     @torch.inference_mode()
     def remove(self, slots: list[int]) -> dict[int, int]:
-        """Drops the rows in `slots` now (a slot past the rows in use, a prompt's that never joined, holds nothing to
-        drop): each leaving slot takes the last slot's row, and the slot count shrinks. Returns where the rows that
-        moved went (old slot -> new slot)."""
-        b = self.batch
-        if b is None:
-            return {}
-        kv = b.kv
-        rows = kv.rows
-        came_from: dict[int, int] = {}  # slot -> the slot its row was in before this call, for rows that moved
-        for slot in sorted({s for s in slots if s < rows}, reverse=True):  # the highest first: no leaver moves
-            rows -= 1
-            if slot != rows:
-                kv.move(rows, slot)
-                self.family.cache.move(b.cache, rows, slot)
-                b.positions[slot] = b.positions[rows]
-                came_from[slot] = came_from.pop(rows, rows)
-        self.family.cache.truncate(b.cache, rows)
-        b.positions = b.positions[:rows]
-        kv.truncate(rows)
-        kv.refresh()
-        return {old: new for new, old in came_from.items()}
+        """Drops the rows in `slots` now (engine/batch.py) -> where the rows that moved went (old slot -> new slot)."""
+        return self.batch.remove(self.family.cache, slots) if self.batch is not None else {}

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.flow import Flow
@@ -98,3 +100,30 @@ class Outbox:
         for loop, batch in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that event loop is already closed
                 loop.call_soon_threadsafe(_deliver_all, batch)
+
+
+class Waiters:
+    """Callers on event loops waiting for the engine thread to do something at a step boundary (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    async def wait(self, wake: Callable[[], None]) -> None:
+        """On the caller's loop: waits until `answer` (`wake`: wakes the engine thread)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            self._waiting.append((loop, done))
+        wake()
+        await done
+
+    def answer(self) -> None:
+        """On the engine thread: ends the waits so far (each on its own loop)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for loop, done in waiting:
+            loop.call_soon_threadsafe(lambda f=done: f.done() or f.set_result(None))

@@ -232,6 +232,25 @@ class PrefixCache:
         got = pool[index.to(pool.device)]  # [n, kv_heads, block_size, head_dim]
         return got.transpose(0, 1).reshape(got.shape[1], -1, got.shape[3])
 
+    def keep(self, keys: list[bytes], kv: SlotKV, slot: int, start: int) -> None:
+        """`store`, where a failure costs later hits only (logged, not raised)."""
+        try:
+            self.store(keys, kv, slot, start)
+        except Exception:
+            log.exception("keeping blocks in the prefix cache failed")
+
+    def keep_generated(self, kv: SlotKV, slot: int, prompt: PrefixKeys, generated: list[int]) -> None:
+        """The whole blocks of `generated` tokens of the row in `slot` after its prompt (of keys `prompt`), as far as
+        its columns are written: a multi-turn chat's next prompt re-sends them."""
+        keys = prompt.extend(generated, self.block_size)
+        if slot >= kv.rows or not keys:
+            return
+        size, first = self.block_size, len(prompt.keys)
+        start = kv.start[slot]
+        whole = (kv.end[slot] - start) // size - first  # blocks of it whose every column is written
+        if whole > 0:
+            self.keep(keys[:whole], kv, slot, start + first * size)
+
     @torch.inference_mode()
     def store(self, keys: list[bytes], kv: SlotKV, slot: int, start: int) -> None:
         """Keeps the blocks of `keys` not held yet, from `slot`'s columns (block k at start + k * block_size),

@@ -249,15 +249,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                                context: grpc.aio.ServicerContext) -> engine_pb2.ListLoraAdaptersResponse:
         engine = self._ready()
         return engine_pb2.ListLoraAdaptersResponse(
-            adapters=[engine_pb2.LoraAdapter(name=n, path=p) for n, p in engine.lora_adapters.items()],
-            enabled=engine.loras is not None)
+            adapters=[engine_pb2.LoraAdapter(name=n, path=p) for n, p in engine.loras.served.items()],
+            enabled=engine.loras.enabled)
 
     async def LoadLoraAdapter(self, request: engine_pb2.LoadLoraAdapterRequest,
                               context: grpc.aio.ServicerContext) -> engine_pb2.LoadLoraAdapterResponse:
-        await self._ready().load_lora(request.lora_name, request.lora_path)
+        await self._ready().loras.load(request.lora_name, request.lora_path)
         return engine_pb2.LoadLoraAdapterResponse()
 
     async def UnloadLoraAdapter(self, request: engine_pb2.UnloadLoraAdapterRequest,
                                 context: grpc.aio.ServicerContext) -> engine_pb2.UnloadLoraAdapterResponse:
-        self._ready().unload_lora(request.lora_name)
+        self._ready().loras.unload(request.lora_name)
         return engine_pb2.UnloadLoraAdapterResponse()

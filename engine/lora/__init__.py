@@ -1,6 +1,6 @@
 """LoRA adapters in PEFT's format, served per request and batched across adapters in one forward: reading and
-checking an adapter (adapter.py), the adapters served and those in memory (registry.py), where they apply (sites.py)
-and the batched apply (apply.py)."""
+checking an adapter (adapter.py), the adapters served and those in memory (registry.py), the engine's face on them
+(served.py), where they apply (sites.py) and the batched apply (apply.py)."""
 
 from engine.lora.adapter import LoraAdapter, Target, load_adapter
 from engine.lora.apply import LoraState

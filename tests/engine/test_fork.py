@@ -17,6 +17,7 @@ import contextlib
 import pytest
 
 from engine.metrics import EngineStats
+from engine.models.slot_cache import SlotKV
 from splice.engine_request import EngineRequest, NamedTensor
 from splice.errors import InvalidArgument
 from splice.sampling import SamplingParams
@@ -184,13 +185,13 @@ async def test_n_beyond_the_running_slots_is_refused_before_any_work(tiny_dirs):
         engine.stop()
 
 
-async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs):
+async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs, monkeypatch):
     engine = start_engine(tiny_dirs["tiny-text"])
     try:
         def failing(*args):  # what a key/value buffer that cannot grow raises
             raise RuntimeError("out of memory")
 
-        engine.runner._fork = failing
+        monkeypatch.setattr(SlotKV, "fork", failing)
         neighbour = _request(random_ids(5, seed=4), {}, "neighbour", temperature=0.0, ignore_eos=True, max_tokens=12)
         alone, _ = await collect(engine, neighbour)
         outputs = engine.generate(neighbour)
@@ -199,7 +200,7 @@ async def test_a_fork_that_fails_fails_its_request_alone(tiny_dirs):
             await _choices(engine, _request(random_ids(9, seed=8), {}, n=3, **SAMPLED))
         got += [t async for out in outputs for t in out.token_ids]
         assert got == alone  # the running request went on untouched
-        del engine.runner._fork  # (the instance's patch: the class's method again)
+        monkeypatch.undo()  # (the buffers grow again)
         assert sorted((await _choices(engine, _request([1, 2, 3], {}, n=2, **SAMPLED)))[0]) == [0, 1]
         assert engine.num_running == 0 and engine.scheduler.reserved == 0 and not engine.requests
     finally:

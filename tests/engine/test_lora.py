@@ -184,16 +184,16 @@ async def test_load_and_unload_at_run_time(lora_engines, tiny_dirs, tmp_path):
     engine = lora_engines("tiny-text")
     ids = [5, 6, 7, 8]
     want = (await collect(engine, _request(ids, lora="tiny-text-lora")))[0]
-    await engine.load_lora("mine", str(ensure_lora("tiny-text-lora")))
-    assert engine.lora_adapters["mine"] == str(ensure_lora("tiny-text-lora"))
+    await engine.loras.load("mine", str(ensure_lora("tiny-text-lora")))
+    assert engine.loras.served["mine"] == str(ensure_lora("tiny-text-lora"))
     assert (await collect(engine, _request(ids, lora="mine")))[0] == want
     with pytest.raises(InvalidArgument, match="already been loaded"):
-        await engine.load_lora("mine", str(ensure_lora("tiny-text-lora")))
-    engine.unload_lora("mine")
+        await engine.loras.load("mine", str(ensure_lora("tiny-text-lora")))
+    engine.loras.unload("mine")
     with pytest.raises(NotFound):
         await collect(engine, _request(ids, lora="mine"))
     with pytest.raises(NotFound, match="cannot be found"):
-        engine.unload_lora("mine")
+        engine.loras.unload("mine")
 
 
 def _copy(name: str, dest) -> str:
@@ -248,10 +248,10 @@ async def test_an_adapter_that_cannot_be_served_is_refused_in_one_line_naming_it
     engine = lora_engines("tiny-text")
     for folder, why in _refusals(tmp_path):
         with pytest.raises(InvalidArgument) as err:
-            await engine.load_lora("bad-one", folder)
+            await engine.loras.load("bad-one", folder)
         message = str(err.value)
         assert "'bad-one'" in message and why in message and "\n" not in message, (folder, message)
-    assert "bad-one" not in engine.lora_adapters
+    assert "bad-one" not in engine.loras.served
     with pytest.raises(InvalidArgument, match=r"'bad-one'.*rank 32"):  # at start too: the engine does not start
         start_engine(tiny_dirs["tiny-text"], enable_lora=True,
                      lora_modules=(("bad-one", _refusals(tmp_path / "again")[1][0]),))
