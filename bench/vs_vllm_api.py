@@ -147,6 +147,8 @@ def joined(events: list[dict]) -> dict:
                     choice[name] = c[name]
             if c.get("token_ids") is not None:
                 choice["token_ids"] = (choice["token_ids"] or []) + c["token_ids"]
+            if event.get("usage"):  # continuous_usage_stats: the choice's last usage so far
+                choice["usage so far"] = event["usage"]
             prompt_ids = c.get("prompt_token_ids") or event.get("prompt_token_ids")
             if prompt_ids is not None:
                 choice["prompt_token_ids"] = prompt_ids

@@ -64,6 +64,8 @@ class Shape:
     strings: TokenStrings  # how logprobs spell a token (vLLM's rule for pieces of a character; token IDs)
     logprobs: bool = False
     include_usage: bool = False  # stream_options.include_usage
+    # stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage so far
+    continuous_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     # each prompt's IDs as the engine got them: shown with return_token_ids (then each chunk carries its token IDs),
     # and on a streamed completions echo's first chunk (vLLM's)
@@ -81,6 +83,7 @@ class Shape:
     _opened: set[int] = field(default_factory=set)  # choices whose first chunk went out (streams)
     _sent: dict[int, int] = field(default_factory=dict)  # choice -> characters of logprob tokens streamed (text_offset)
     _context: dict[int, list[int]] = field(default_factory=dict)  # choice -> its last chosen tokens (streams)
+    _generated: dict[int, int] = field(default_factory=dict)  # choice -> tokens streamed so far (continuous usage)
     # prompt -> its prompt logprobs: they come on its choice 0 alone (once per prompt from the engine), and each of
     # its choices shows them (completions, vLLM's) or starts its echo with them
     _prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
@@ -180,6 +183,8 @@ class Shape:
     def chunk(self, chunk: GenerationChunk) -> dict | None:
         """The SSE chunk of one GenerationChunk (of its choice, chunk.index); None when it carries nothing to send."""
         index = chunk.index
+        if self.continuous_usage:  # (counted whether or not this chunk goes out, as vLLM's)
+            self._generated[index] = self._generated.get(index, 0) + len(chunk.token_ids)
         echoing = self.echo_prompts is not None and index not in self._opened
         if chunk.prompt_logprobs is not None:  # (choice 0's first chunk: before its prompt's other choices' first)
             self._prompt_logprobs[index // self.n] = chunk.prompt_logprobs
@@ -192,6 +197,8 @@ class Shape:
         self._opened.add(index)
         self._stream_fields(choice, index, chunk, first)
         body = self._envelope(self.chunk_object, [choice])
+        if self.continuous_usage:
+            body["usage"] = self._usage_so_far(index)
         if chunk.final and not self.include_usage:  # vLLM's: on the last message (the usage chunk, when one follows)
             body["system_fingerprint"] = SYSTEM_FINGERPRINT
         return body
@@ -206,6 +213,11 @@ class Shape:
 
     def first_chunks(self) -> list[dict]:
         return []
+
+    def _usage_so_far(self, index: int) -> dict:
+        """vLLM's usage on a chunk of choice `index` with continuous_usage_stats: its prompt's tokens and its own."""
+        prompt, generated = len(self.prompt_ids[index // self.n]), self._generated.get(index, 0)
+        return {"prompt_tokens": prompt, "total_tokens": prompt + generated, "completion_tokens": generated}
 
     def usage_chunk(self, usage: Usage | None) -> dict:
         body = self._envelope(self.chunk_object, [])
@@ -305,7 +317,13 @@ class ChatShape(Shape):
             out += [self._envelope(self.chunk_object, [{"index": i, "delta": {"content": self.echo},
                                                         "logprobs": None, "finish_reason": None}])
                     for i in range(self.n)]
+        if self.continuous_usage:
+            for body in out:
+                body["usage"] = self._usage_so_far(body["choices"][0]["index"])
         return out
+
+    def _usage_so_far(self, index: int) -> dict:
+        return {**super()._usage_so_far(index), "completion_tokens_details": None}  # (vLLM's chat sets it)
 
     def _stream_fields(self, choice: dict, index: int, chunk: GenerationChunk, first: bool) -> None:
         """vLLM's chat chunk: stop_reason on a choice's final chunk only; its token IDs (null unless asked). The
@@ -367,12 +385,17 @@ def _include_usage(body: GenerationFields) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
+def _continuous_usage(body: GenerationFields) -> bool:
+    return _include_usage(body) and body.stream_options.continuous_usage_stats
+
+
 def chat_shape(answer: Answer, body: ChatCompletionRequest, served: Served) -> ChatShape:
     """The JSON of a chat answer, as its body asks for it."""
     listed = bool(answer.sampling.logprob_token_ids)
     return ChatShape(answer.request_id, served.model, served.strings(body.return_tokens_as_token_ids), body.logprobs,
-                     _include_usage(body), prompt_ids=answer.prompt_ids, return_ids=bool(body.return_token_ids),
-                     n=answer.n, listed=listed, prompt_details=served.options.prompt_tokens_details, role=answer.role,
+                     _include_usage(body), _continuous_usage(body), prompt_ids=answer.prompt_ids,
+                     return_ids=bool(body.return_token_ids), n=answer.n, listed=listed,
+                     prompt_details=served.options.prompt_tokens_details, role=answer.role,
                      echo=answer.echo[0] if answer.echo else "",
                      tool_parsing=answer.tools is not None or answer.parser is not None)
 
@@ -382,7 +405,7 @@ def completion_shape(answer: Answer, body: CompletionRequest, served: Served) ->
     the IDs say it)."""
     echo = None if answer.echo is None else [""] * len(answer.echo) if body.return_token_ids else list(answer.echo)
     return Shape(answer.request_id, served.model, served.strings(body.return_tokens_as_token_ids),
-                 answer.sampling.logprobs, _include_usage(body), prompt_ids=answer.prompt_ids,
+                 answer.sampling.logprobs, _include_usage(body), _continuous_usage(body), prompt_ids=answer.prompt_ids,
                  return_ids=bool(body.return_token_ids), n=answer.n, listed=bool(answer.sampling.logprob_token_ids),
                  prompt_details=served.options.prompt_tokens_details, echo_prompts=echo,
                  echo_only=body.max_tokens == 0, shown=(body.logprobs or 0) + 1)

@@ -160,6 +160,7 @@ class StreamOptions(_Body):
     model_config = ConfigDict(extra="allow")  # (kept: any option set asks for a stream)
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # (with include_usage) usage on every chunk
 
 
 class GenerationFields(_Request):

@@ -73,6 +73,31 @@ async def test_streamed_chunks_have_vllms_keys(tiny_dirs, tiny):
                                             "prompt_token_ids", "token_ids"} for e in events)
 
 
+async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(tiny_dirs, tiny):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries the choice's usage so
+    far, its completion tokens those its chunks carried (chat's with completion_tokens_details null, its role chunk
+    at 0); the usage chunk still ends the stream; without the option no chunk has usage."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    async with http_face(tiny_dirs, tiny, "tiny-text") as face:
+        for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETE)):
+            events = _events((await face.http.post(route, json={**body, "stream": True, "return_token_ids": True,
+                                                                 "stream_options": options})).text)
+            *chunks, last = events
+            prompt, generated = last["usage"]["prompt_tokens"], 0
+            for e in chunks:
+                generated += len(e["choices"][0].get("token_ids") or ())
+                assert e["usage"]["completion_tokens"] == generated, (route, e)
+                assert e["usage"]["prompt_tokens"] == prompt and e["usage"]["total_tokens"] == prompt + generated
+                assert ("completion_tokens_details" in e["usage"]) == (route == "/v1/chat/completions")
+            assert generated == last["usage"]["completion_tokens"] > 0, route
+            if route == "/v1/chat/completions":
+                assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+                assert events[0]["usage"]["completion_tokens"] == 0
+        plain = _events((await face.http.post("/v1/completions", json={**COMPLETE, "stream": True, "stream_options": {
+            "include_usage": True}})).text)
+        assert all("usage" not in e for e in plain[:-1]) and "usage" in plain[-1]
+
+
 async def test_an_empty_delta_is_vllms_with_and_without_a_tool_parser(tiny_dirs, tiny):
     """vLLM's chat stream: a chunk without text (here the final one) has "content": "" unless the server runs a tool
     parser, whose deltas it then goes through: no content key."""
