@@ -41,3 +41,35 @@ def test_freed_large_blocks_go_back_to_the_os():
     assert _kept("default") > 200  # the scenario is the problem: 300 MiB freed, kept
     assert _kept("mapped") < 32
     assert _kept("trimmed") < 32
+
+
+IDLE = """
+import gc, sys, threading, weakref
+from splice import heap
+gc.disable()  # no collection but the ones asked for
+if sys.argv[1] == "frozen":
+    gc.freeze()  # as a service does once it is loaded (service_main.freeze_startup_heap)
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
+trimmed = threading.Event()
+real_trim = heap.trim
+heap.trim = lambda: (real_trim(), trimmed.set())
+class Node:
+    pass
+node = Node()
+node.me = node  # a cycle, as a refused request's traceback and its frames
+ref = weakref.ref(node)
+del node
+heap.trim_soon(idle=True)
+assert trimmed.wait(60), "the trimming thread never trimmed"
+print(len(full), ref() is None)
+"""
+
+
+@pytest.mark.parametrize(("mode", "collected"), [("frozen", True), ("plain", False)])
+def test_an_idle_service_collects_its_cycles_but_an_embedding_program_is_not_walked(mode, collected):
+    """Idle, a service (its start-up objects frozen) collects what requests left in cycles before the trim; in a
+    program that embeds the engine (nothing frozen) a full collection would walk every object of the model (~260 ms
+    holding the interpreter, in the middle of whatever it does next), so none is made."""
+    out = subprocess.run([sys.executable, "-c", IDLE, mode], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == (["1", "True"] if collected else ["0", "False"])
