@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from engine import fork
 from engine.config import EngineConfig
-from engine.flow import Flow, Pauses, arrange
+from engine.flow import Flow
 from engine.loader import LoadedModel, load
 from engine.lora import LoraAdapter
 from engine.lora.served import ServedLoras
@@ -33,6 +33,7 @@ from engine.metrics import EngineStats, NoStats
 from engine.model_runner import ModelRunner, PromptPart, RunnerOutput, batch_capacity
 from engine.models import Prompt
 from engine.outbox import Listener, Outbox, Waiters
+from engine.pauses import Pauses, arrange
 from engine.prefix_cache import PrefixKeys, for_engine, request_keys
 from engine.prompt_logprobs import PromptScores
 from engine.sampler import Sampler, Top
@@ -90,7 +91,7 @@ class LLMEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.requests: dict[int, Sequence] = {}  # seq_id -> every live sequence's record: the engine's one table
-        self._paused = Pauses(cfg.unread_timeout)  # requests paused at the last schedule: readers behind (flow.py)
+        self._paused = Pauses(cfg.unread_timeout)  # requests paused at the last schedule: readers behind (pauses.py)
         # The forward runs on a device (a GPU, or simulated): a launch returns at once and the host waits only when it
         # samples, so a step's outputs are handed over after the next forward's launch, while it runs, instead of
         # taking the GIL and the cores from the host work that prepares it. On CPU the forward is that host work: no
