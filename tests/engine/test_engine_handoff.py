@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -72,19 +71,30 @@ async def test_take_returns_outputs_before_the_error_that_ends_them():
     assert (await waiting)[0].finished
 
 
-async def test_a_slow_reader_gets_merged_outputs_with_the_same_tokens(text_engine):
+async def test_a_slow_reader_gets_merged_outputs_with_the_same_tokens(text_engine, monkeypatch):
     ids = random_ids(7, seed=11)
     fast, fast_outs = await collect(text_engine, text_request(ids, "fast", max_tokens=40))
     assert len(fast) == 40 and fast_outs[-1].usage == Usage(7, 40)
 
+    # The engine thread hands a step's outputs over in `_flush`, after the finished sequence has left (`_release`):
+    # the slow request's end is on its way to the reader once a flush runs after its record is gone.
+    handed_over, seen, real_flush = threading.Event(), [], text_engine._flush
+
+    def flush() -> None:
+        with text_engine._lock:
+            alive = any(s.request_id == "slow" for s in text_engine.requests.values())
+        real_flush()
+        if alive:
+            seen.append(True)
+        elif seen:
+            handed_over.set()
+
+    monkeypatch.setattr(text_engine, "_flush", flush)
     outs = []
     async for out in text_engine.generate(text_request(ids, "slow", max_tokens=40)):
         outs.append(out)
-        if len(outs) == 1:
-            # a reader that stalls its loop until the engine has finished the sequence
-            deadline = time.monotonic() + 60
-            while text_engine.num_running and time.monotonic() < deadline:
-                time.sleep(0.01)
+        if len(outs) == 1:  # a reader that stalls its loop until the engine has handed the sequence's end over
+            assert handed_over.wait(60)
     assert [t for o in outs for t in o.token_ids] == fast
     assert len(outs) < len(fast) and len(outs[-1].token_ids) > 1
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
