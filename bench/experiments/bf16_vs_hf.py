@@ -25,15 +25,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from splice.engine_request import EngineRequest
 from splice.sampling import SamplingParams
-
-PROMPTS = [
-    "What is the capital of France?",
-    "Name three primary colors.",
-    "Write a haiku about the sea.",
-    "What is 12 plus 30?",
-    "Give me one tip for learning Python.",
-    "Who wrote Romeo and Juliet?",
-]
+from tests.harness.real_prompts import PROMPTS
 
 
 def margin(logits: torch.Tensor) -> float:

@@ -22,17 +22,10 @@ from app.models import resolve_model
 from clients import SpliceClient
 from clients.errors import SpliceClientError
 from splice.v1 import preprocessor_pb2 as pp
+from tests.harness.real_prompts import PROMPTS
 
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 20
-PROMPTS = [
-    "What is the capital of France?",
-    "Name three primary colors.",
-    "Write a haiku about the sea.",
-    "What is 12 plus 30?",
-    "Give me one tip for learning Python.",
-    "Who wrote Romeo and Juliet?",
-]
 
 
 @pytest.fixture(scope="module")

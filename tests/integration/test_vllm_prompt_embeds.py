@@ -28,8 +28,10 @@ VISION = "tiny-llava"
 EXAMPLE_PROMPTS = ["Hello, my name is", "What is an LLM?"]
 
 
-def _serve(model: str, *flags: str):
-    engine, pre = start_stack(model, http_port=0, preprocessor_args=list(flags))
+def serve(model: str, *flags: str, engine_args: tuple[str, ...] = ()):
+    """A stack on `model` (preprocessor `flags`, `engine_args`) -> the official client on its HTTP face; stopped
+    after."""
+    engine, pre = start_stack(model, http_port=0, engine_args=list(engine_args), preprocessor_args=list(flags))
     client = openai.OpenAI(base_url=f"http://{pre.http_address}/v1", api_key="unused", timeout=120, max_retries=0)
     try:
         yield client
@@ -41,12 +43,12 @@ def _serve(model: str, *flags: str):
 
 @pytest.fixture(scope="module")
 def client(tiny_dirs):
-    yield from _serve(MODEL)
+    yield from serve(MODEL)
 
 
 @pytest.fixture(scope="module")
 def vision_client(tiny_dirs):
-    yield from _serve(VISION, "--enable-mm-embeds")
+    yield from serve(VISION, "--enable-mm-embeds")
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from app.demo import embedding_rows, vllm_base64
-from app.launch import start_stack
 from app.loras import ensure_lora
+from tests.integration.test_vllm_prompt_embeds import serve
 
 MODEL_NAME = "tiny-text"
 LORA_SERVING_MODEL_NAME = "opt125m-lora"
@@ -27,15 +27,8 @@ MODELS = [MODEL_NAME, LORA_SERVING_MODEL_NAME]
 def client(tiny_dirs):
     module = {"name": LORA_SERVING_MODEL_NAME, "path": str(ensure_lora("tiny-text-lora")),
               "base_model_name": MODEL_NAME}
-    engine, pre = start_stack(MODEL_NAME, http_port=0, engine_args=[
-        "--enable-lora", "--lora-module", json.dumps(module), "--max-lora-rank", "64", "--max-cpu-loras", "2"])
-    api = openai.OpenAI(base_url=f"http://{pre.http_address}/v1", api_key="unused", timeout=120, max_retries=0)
-    try:
-        yield api
-    finally:
-        api.close()
-        pre.stop()
-        engine.stop()
+    yield from serve(MODEL_NAME, engine_args=("--enable-lora", "--lora-module", json.dumps(module), "--max-lora-rank",
+                                              "64", "--max-cpu-loras", "2"))
 
 
 @pytest.fixture(scope="module")
