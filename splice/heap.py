@@ -57,6 +57,7 @@ def trim() -> None:
 
 _asked = threading.Event()
 _collect = False  # the next trim collects cyclic garbage first
+_collect_when_idle = False  # set by collect_when_idle (a service whose start-up objects are frozen)
 _trimmer: threading.Thread | None = None
 _lock = threading.Lock()
 
@@ -73,15 +74,23 @@ def _trim_when_asked() -> None:
         time.sleep(TRIM_EVERY)  # (asks meanwhile are answered by the next trim)
 
 
+def collect_when_idle() -> None:
+    """From now on an idle trim collects cyclic garbage first (service_main.freeze_startup_heap calls it once the
+    start-up objects are frozen). A flag, not gc.get_freeze_count(): that call counts the frozen objects by walking
+    them (~100 ms for a loaded engine, holding the interpreter), and it ran at every request's end."""
+    global _collect_when_idle
+    _collect_when_idle = True
+
+
 def trim_soon(idle: bool = False) -> None:
     """Asks the trimming thread for a trim (cheap: call it whenever a request ends). `idle`: nothing is in flight any
     more; the trim first collects cyclic garbage (a refused request's traceback holds its frames, and their large
     locals, in a cycle), which an idle process's collector, run by allocations, would never reach. Only in a process
-    whose start-up objects are frozen (a service: service_main.freeze_startup_heap), where a full collection walks
+    whose start-up objects are frozen (a service: collect_when_idle), where a full collection walks
     what requests left (~1 ms); elsewhere (an engine inside another program: a bench, a test) it would walk every
     object of the loaded model (~260 ms holding the interpreter) and stall whatever that program does next."""
     global _trimmer, _collect
-    if idle and gc.get_freeze_count():
+    if idle and _collect_when_idle:
         _collect = True
     if _libc() is None and not idle:
         return

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
+from splice import heap
 from splice.errors import SpliceError
 
 # --model value (a built-in name, folder or HF id) -> a local HF folder. The layer above the services
@@ -64,6 +65,7 @@ def freeze_startup_heap() -> None:
         return
     gc.collect()
     gc.freeze()
+    heap.collect_when_idle()
     _frozen = True
 
 

@@ -48,7 +48,8 @@ import gc, sys, threading, weakref
 from splice import heap
 gc.disable()  # no collection but the ones asked for
 if sys.argv[1] == "frozen":
-    gc.freeze()  # as a service does once it is loaded (service_main.freeze_startup_heap)
+    from splice.service_main import freeze_startup_heap
+    freeze_startup_heap()  # as a service does once it is loaded
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
 trimmed = threading.Event()
