@@ -112,7 +112,7 @@ class GrammarCache:
 
     def _remember_failure(self, key: str, exc: InvalidArgument) -> None:
         """Lock held."""
-        self._failed[key] = exc
+        self._failed[key] = InvalidArgument(exc.message, exc.param)  # (its own: the waiters raise `exc`)
         while len(self._failed) > FAILURES_KEPT:
             self._failed.popitem(last=False)
 
@@ -166,7 +166,10 @@ class GrammarCache:
             job.began.set_result(job.started)
             try:
                 result, error = job.work(), None
-            except BaseException as exc:  # (the refusal goes to the waiters; a bug too, as it is)
+            except InvalidArgument as exc:  # a fresh copy: the raised one's traceback holds the compile's frames,
+                # and in them the grammar that was too large (hundreds of MB), kept with the refusal for good
+                result, error = None, InvalidArgument(exc.message, exc.param)
+            except BaseException as exc:  # (a bug goes to the waiters as it is)
                 result, error = None, exc
             with self._lock:
                 self._running.discard(job)
@@ -189,7 +192,8 @@ class GrammarCache:
                 self._kept.move_to_end(key)
                 return kept
             if (failed := self._failed.get(key)) is not None:
-                raise failed
+                raise InvalidArgument(failed.message, failed.param)  # (raising the kept one would chain each
+                # raiser's frames onto its traceback)
             job = self._jobs.get(key)
             if job is None or job.dropped:
                 job = self._submit(key, cost_chars, work)

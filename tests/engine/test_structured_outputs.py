@@ -4,12 +4,14 @@ follows its grammar and ends (stop, never length); a grammar compiling holds onl
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import threading
 
 import jsonschema
 import pytest
+import xgrammar as xgr
 from transformers import AutoTokenizer
 
 from splice.engine_output import FinishReason
@@ -205,6 +207,29 @@ async def test_compiled_grammars_are_kept_within_their_byte_budget(tiny_dirs):
                                                   r"\(--structured-cache-mb\)"):
             await cache.get(big)
         assert spec_key(big) not in cache._kept and cache.bytes <= cache.max_bytes
+    finally:
+        cache.close()
+
+
+async def test_a_refused_grammar_is_not_kept_alive(tiny_dirs):
+    """Issue 40 row 4: a grammar refused for its compiled size leaves nothing compiled behind, asked once or again.
+    Before: the refusal raised in the compile kept its traceback, whose frames held the compiled grammar, in the cache
+    of refusals (256 kept), and each later ask of the same spec chained the asker's frames on: the hostile soak's
+    large grammars took the engine's RSS from 479 to 2,048 MiB."""
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["tiny-text"])
+    cache = GrammarCache(lambda: tok, len(tok), max_bytes=64 << 10)
+
+    def alive() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, xgr.CompiledGrammar))
+
+    try:
+        before = alive()
+        for so in [_chain(f"big{i}", 200) for i in range(3)] * 2:
+            with pytest.raises(InvalidArgument, match=r"\(--structured-cache-mb\)"):
+                await cache.get(so)
+        assert len(cache._failed) == 3 and not cache._kept
+        assert alive() == before
     finally:
         cache.close()
 
