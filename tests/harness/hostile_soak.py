@@ -208,20 +208,29 @@ def silent_reader(address: str, body: dict) -> socket.socket:
 
 async def silent_readers(engine: Service, address: str, readers: int, n: int, wait: float) -> str:
     """Row 9: `readers` clients that never read, each n choices x 2000 tokens with 20 logprobs; held open until every
-    sequence is paused on the engine (or `wait` seconds), then closed. Returns what was seen."""
+    sequence is paused on the engine (or `wait` seconds), then closed, and waited on until the engine has let every
+    paused sequence go (the closed connections cancel them). Returns what was seen: "paused" when both happened."""
+    async def paused() -> float:
+        return value(await asyncio.to_thread(scrape, engine), "splice_engine_num_requests_paused")
+
+    async def until(done: Callable[[float], bool]) -> bool:
+        deadline = time.monotonic() + wait
+        while not done(await paused()):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "stream": True, "n": n, "max_tokens": 2000,
             "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
     sockets = [silent_reader(address, body) for _ in range(readers)]
-    deadline = time.monotonic() + wait
     try:
-        while time.monotonic() < deadline:
-            if value(await asyncio.to_thread(scrape, engine), "splice_engine_num_requests_paused") >= readers * n:
-                return "paused"
-            await asyncio.sleep(0.2)
-        return "not paused"
+        held = await until(lambda count: count >= readers * n)
     finally:
         for sock in sockets:
             sock.close()
+    released = await until(lambda count: count == 0)
+    return ("paused" if held else "not paused") + ("" if released else f", still paused {wait:.0f} s after closing")
 
 
 async def prompt_logprobs(http: httpx.AsyncClient, requests: int, positions: int) -> list[int]:
