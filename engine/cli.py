@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send each stream's tokens every N tokens (its first token and its end at once): "
                              "fewer, larger messages for more throughput, burstier streams")
-    parser.add_argument("--max-unread-tokens", type=int, default=2048,
+    parser.add_argument("--max-unread-tokens", type=int, default=256,
                         help="a request whose reader is this many tokens behind what was sent to it is paused: its "
                              "sequences keep their slots but are not decoded until the reader catches up (0: never)")
     parser.add_argument("--unread-timeout", type=float, default=60.0,
