@@ -15,6 +15,11 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 
 SLICE = 256  # list items encoded per json.dumps call
+# A long list whose items look small (first, middle and last each at most this many bytes of JSON) is encoded a
+# slice at a time however deep it lies: a prompt's logprobs (a dict of k + 1 entries per position) walked item by
+# item cost 7.5x one json.dumps (383 vs 51 ms for 1,500 positions of 21), all of it holding the GIL in small bites
+SMALL_ITEM_BYTES = 4096
+SAMPLED_LISTS = 8  # lists this long or shorter (a request's choices) are walked item by item
 CHUNK_BYTES = 1 << 20  # a large body is sent in chunks of about this size
 WALKED_LEVELS = 6  # response -> choices -> choice -> logprobs -> content -> item: deeper values are encoded whole
 
@@ -36,9 +41,10 @@ def _pieces(value: Any, level: int, out: list[str]) -> None:
     elif len(value) <= SLICE and level + 1 >= WALKED_LEVELS:
         out.append(_dumps(value))
     else:
+        whole = level + 1 >= WALKED_LEVELS or _small_items(value)
         out.append("[")
         for i in range(0, len(value), SLICE):
-            if level + 1 >= WALKED_LEVELS:
+            if whole:
                 out.append(("," if i else "") + _dumps(value[i:i + SLICE])[1:-1])
                 continue
             for j, item in enumerate(value[i:i + SLICE], start=i):
@@ -46,6 +52,13 @@ def _pieces(value: Any, level: int, out: list[str]) -> None:
                     out.append(",")
                 _pieces(item, level + 1, out)
         out.append("]")
+
+
+def _small_items(items: list) -> bool:
+    """Whether a list is long and its items, sampled, small enough to be encoded SLICE at a time."""
+    if len(items) <= SAMPLED_LISTS:
+        return False
+    return all(len(_dumps(items[i])) <= SMALL_ITEM_BYTES for i in (0, len(items) // 2, -1))
 
 
 def json_chunks(value: Any) -> list[bytes]:
