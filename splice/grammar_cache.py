@@ -43,6 +43,13 @@ AGING_CHARS_PER_S = 2000.0
 FAILURES_KEPT = 256  # recent refusals of a spec (invalid, too large), remembered so it is not compiled again
 
 
+def _untraced(exc: InvalidArgument) -> InvalidArgument:
+    """A refusal to keep or hand on: a copy without a traceback. A raised one's traceback holds the frames it passed,
+    the compile's among them with the grammar that was too large (hundreds of MB), and each raise of it adds the
+    raiser's frames: kept with the refusals, that memory never went."""
+    return InvalidArgument(exc.message, exc.param)
+
+
 @dataclass(eq=False)
 class _Job:
     key: str
@@ -112,7 +119,7 @@ class GrammarCache:
 
     def _remember_failure(self, key: str, exc: InvalidArgument) -> None:
         """Lock held."""
-        self._failed[key] = InvalidArgument(exc.message, exc.param)  # (its own: the waiters raise `exc`)
+        self._failed[key] = _untraced(exc)  # (its own: the waiters raise `exc`, adding their frames to it)
         while len(self._failed) > FAILURES_KEPT:
             self._failed.popitem(last=False)
 
@@ -166,9 +173,8 @@ class GrammarCache:
             job.began.set_result(job.started)
             try:
                 result, error = job.work(), None
-            except InvalidArgument as exc:  # a fresh copy: the raised one's traceback holds the compile's frames,
-                # and in them the grammar that was too large (hundreds of MB), kept with the refusal for good
-                result, error = None, InvalidArgument(exc.message, exc.param)
+            except InvalidArgument as exc:
+                result, error = None, _untraced(exc)
             except BaseException as exc:  # (a bug goes to the waiters as it is)
                 result, error = None, exc
             with self._lock:
@@ -192,8 +198,7 @@ class GrammarCache:
                 self._kept.move_to_end(key)
                 return kept
             if (failed := self._failed.get(key)) is not None:
-                raise InvalidArgument(failed.message, failed.param)  # (raising the kept one would chain each
-                # raiser's frames onto its traceback)
+                raise _untraced(failed)
             job = self._jobs.get(key)
             if job is None or job.dropped:
                 job = self._submit(key, cost_chars, work)

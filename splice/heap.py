@@ -86,8 +86,8 @@ def trim_soon(idle: bool = False) -> None:
     """Asks the trimming thread for a trim (cheap: call it whenever a request ends). `idle`: nothing is in flight any
     more; the trim first collects cyclic garbage (a refused request's traceback holds its frames, and their large
     locals, in a cycle), which an idle process's collector, run by allocations, would never reach. Only in a process
-    whose start-up objects are frozen (a service: collect_when_idle), where a full collection walks
-    what requests left (~1 ms); elsewhere (an engine inside another program: a bench, a test) it would walk every
+    whose start-up objects are frozen (a service, which calls collect_when_idle), where a full collection walks what
+    requests left (~1 ms); elsewhere (an engine inside another program: a bench, a test) it would walk every
     object of the loaded model (~260 ms holding the interpreter) and stall whatever that program does next."""
     global _trimmer, _collect
     if idle and _collect_when_idle:
