@@ -13,6 +13,13 @@ Numerics: oneDNN's kernels sum in another order than MKL's (float32: within ~1e-
 identical to transformers' modules on the CPU; greedy tokens equal HF's generate (tests/engine/test_families.py).
 `SPLICE_PACKED_LINEAR=0` turns packing off (F.linear everywhere, bit-identical to transformers' modules), for
 comparisons (tests/engine/test_lean_llama.py, bench/lean_forward.py).
+
+Memory: oneDNN makes a primitive for each (rows, weight shape) it multiplies, and keeps it in two caches, its own
+(ONEDNN_PRIMITIVE_CACHE_CAPACITY) and ideep's (LRU_CACHE_CAPACITY), 1024 entries each by default, ~0.5 MB an entry at
+SmolLM2's shapes. Every distinct row count of a step (a prompt's chunk beside n decoding rows) is a new entry: an
+engine serving prompts of varied lengths kept up to ~460 MB more with those defaults, never returned.
+`bound_primitive_caches` lowers both to PRIMITIVE_CACHE_ENTRIES before the first primitive is made (where the
+environment does not set them): a step's row counts change slowly, and a miss costs ~1 ms per weight shape.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import torch.nn.functional as F
 # The batch size oneDNN's packed layout is chosen for; vLLM's CPU path uses 32 (its layout serves every row count).
 PACK_ROWS = 32
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+PRIMITIVE_CACHE_ENTRIES = 128  # per cache: ~60 MB at most at SmolLM2's shapes (see the module's docstring)
+PRIMITIVE_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's: read at first use
 
 
 def packing_enabled() -> bool:
@@ -40,12 +49,20 @@ def can_pack(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def bound_primitive_caches() -> None:
+    """oneDNN's and ideep's primitive caches hold PRIMITIVE_CACHE_ENTRIES each, unless the environment says otherwise;
+    effective when called before the process's first oneDNN primitive (a Linear's packing is the engine's)."""
+    for name in PRIMITIVE_CACHES:
+        os.environ.setdefault(name, str(PRIMITIVE_CACHE_ENTRIES))
+
+
 class Linear:
     """y = x W^T + b with W [out, in] packed once where the device has a packed GEMM (see the module's docstring)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight.detach()  # kept: the fallback, and what callers read the shape and dtype of
         self.bias = bias.detach() if bias is not None else None
+        bound_primitive_caches()
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS)
                        if can_pack(self.weight) else None)
 

@@ -1,8 +1,14 @@
 """engine/models/linear.py: a weight packed once for oneDNN multiplies as F.linear does (float32 and, where the CPU has
-BF16 units, bfloat16), with and without a bias, for any leading shape; SPLICE_PACKED_LINEAR=0 keeps F.linear; and the
-served text stacks and vocabulary projections run packed."""
+BF16 units, bfloat16), with and without a bias, for any leading shape; SPLICE_PACKED_LINEAR=0 keeps F.linear; the
+served text stacks and vocabulary projections run packed; and what oneDNN keeps of the row counts it has multiplied
+stops growing (its primitive caches bounded)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -11,7 +17,8 @@ import torch.nn.functional as F
 from engine.config import EngineConfig
 from engine.loader import load
 from engine.models.attention import decode_attention
-from engine.models.linear import Linear, can_pack
+from engine.models.linear import PRIMITIVE_CACHES, Linear, bound_primitive_caches, can_pack
+from splice import heap
 
 DTYPES = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
 
@@ -63,3 +70,43 @@ def test_one_position_bfloat16_attention_equals_sdpa():
     want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
     got = decode_attention(q, k, v, mask, None, heads // kv_heads)  # [rows, 1, heads, d]
     torch.testing.assert_close(got.transpose(1, 2).float(), want, atol=2e-2, rtol=2e-2)
+
+
+# A fresh process (the caches' capacities are read at its first primitive): SmolLM2's four text weight shapes, packed,
+# multiplied at 1..ROWS rows (each row count a new primitive per shape); glibc's bytes in use printed at 50 and at ROWS.
+_MANY_ROW_COUNTS = textwrap.dedent("""
+    import ctypes, torch
+    from engine.models.linear import Linear
+    torch.set_num_threads(1)
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Info
+    layers = [Linear(torch.randn(out, inp)) for out, inp in ((960, 576), (576, 576), (3072, 576), (576, 1536))]
+    for rows in range(1, 151):
+        for layer in layers:
+            layer(torch.randn(rows, layer.weight.shape[1]))
+        if rows in (50, 150):
+            print(libc.mallinfo2().uordblks)
+""")
+
+
+@pytest.mark.skipif(not heap.available() or not torch.backends.mkldnn.is_available(), reason="glibc and oneDNN")
+def test_what_onednn_keeps_of_many_row_counts_stops_growing():
+    """Each distinct row count is a new oneDNN primitive per weight shape, ~0.5 MB each kept: at oneDNN's and ideep's
+    default capacities (1024 each) 150 row counts kept ~350 MB, growing by ~130 MB from the 50th row count to the
+    150th; bounded, what 100 more row counts add is what replacing entries costs (~0)."""
+    env = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHES}
+    out = subprocess.run([sys.executable, "-c", _MANY_ROW_COUNTS], capture_output=True, text=True, check=True, env=env,
+                         timeout=300).stdout.split()
+    at50, at150 = (int(v) for v in out)
+    assert at150 - at50 < 16 << 20, f"oneDNN kept {(at150 - at50) >> 20} MB more for row counts 51..150"
+
+
+def test_a_capacity_the_environment_sets_is_kept(monkeypatch):
+    monkeypatch.setenv(PRIMITIVE_CACHES[0], "4096")
+    monkeypatch.delenv(PRIMITIVE_CACHES[1], raising=False)
+    bound_primitive_caches()
+    assert os.environ[PRIMITIVE_CACHES[0]] == "4096"
+    assert int(os.environ[PRIMITIVE_CACHES[1]]) < 1024
