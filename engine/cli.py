@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from engine.scheduler import DEFAULT_MIXED_PREFILL_TOKENS, GPU_MIXED_PREFILL_TOKENS
+from splice import heap
 from splice.drain import DEFAULT_GRACE
 from splice.lora_modules import parse_lora_modules
 from splice.ports import Listen, first_unbindable
@@ -195,4 +196,5 @@ def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = N
     except ValueError as exc:
         print(f"splice engine: {exc}", file=sys.stderr)
         return 2
+    heap.serve_blocks_from_heap()  # per-step tensors without a mapping each (the engine thread trims when idle)
     return run_service("engine", _serve(args, resolve), args.log_level)

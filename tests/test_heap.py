@@ -74,3 +74,43 @@ def test_an_idle_service_collects_its_cycles_but_an_embedding_program_is_not_wal
     holding the interpreter, in the middle of whatever it does next), so none is made."""
     out = subprocess.run([sys.executable, "-c", IDLE, mode], capture_output=True, text=True, check=True)
     assert out.stdout.split() == (["1", "True"] if collected else ["0", "False"])
+
+
+ARENA = """
+import ctypes, os, sys, threading
+from splice import heap
+from tests.harness.up import rss_mib
+heap.serve_blocks_from_heap()  # as the engine's start does
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+kept = []
+
+def work():  # a thread of its own (an arena of its own, as the engine thread's): 40 MiB of step tensors, freed
+    start = rss_mib(os.getpid())
+    blocks = [libc.malloc(1 << 20) for _ in range(40)]
+    for b in blocks:
+        ctypes.memset(b, 1, 1 << 20)
+    for b in blocks:
+        libc.free(b)
+    heap.trim()  # malloc_trim, as the idle trim does: free pages inside heaps, not a thread arena's free top
+    if sys.argv[1] == "own":
+        heap.trim_own_arena()
+    kept.append(rss_mib(os.getpid()) - start)
+
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(kept[0])
+"""
+
+
+def _arena_kept(mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", ARENA, mode], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+@pytest.mark.skipif(not heap.available(), reason="glibc's malloc_trim / mallopt are not available")
+def test_a_thread_arena_s_free_top_goes_back_when_the_thread_trims_it():
+    assert _arena_kept("malloc_trim") > 30  # the problem: the arena's top, free, stays resident
+    assert _arena_kept("own") < 8
