@@ -206,7 +206,7 @@ def silent_reader(address: str, body: dict) -> socket.socket:
     return sock
 
 
-async def silent_readers(engine: Service, address: str, readers: int, n: int, wait: float) -> str:
+async def silent_readers(engine: Service | str, address: str, readers: int, n: int, wait: float) -> str:
     """Row 9: `readers` clients that never read, each n choices x 2000 tokens with 20 logprobs; held open until every
     sequence is paused on the engine (or `wait` seconds), then closed, and waited on until the engine has let every
     paused sequence go (the closed connections cancel them). Returns what was seen: "paused" when both happened."""
@@ -243,20 +243,20 @@ async def prompt_logprobs(http: httpx.AsyncClient, requests: int, positions: int
     return await asyncio.gather(*(one(k) for k in range(requests)))
 
 
-async def hostile_loop(engine: Service, pre: Service, done: Done, run: Run, only: list[str] | None = None,
+async def hostile_loop(engine: Service | str, address: str, done: Done, run: Run, only: list[str] | None = None,
                        readers: int = 8, choices: int = 16, many: int = 64, silent_wait: float = 30.0,
                        rounds: int | None = None) -> None:
-    """Every hostile input in turn, again and again until `done()` (or `rounds` times); statuses into
-    `run.hostile`."""
+    """Every hostile input in turn, against the HTTP face at `address`, again and again until `done()` (or `rounds`
+    times); statuses into `run.hostile`. `engine`: the engine, or its metrics HOST:PORT (the silent readers watch its
+    paused requests)."""
     bodies = hostile_bodies(many)
     actions: dict[str, Callable[[httpx.AsyncClient, int], Awaitable[object]]] = {
         name: (lambda http, k, make=make: _post(http, make(k))) for name, make in bodies.items()}
-    actions["silent_readers"] = lambda http, k: silent_readers(engine, pre.http_address, readers, choices,
-                                                               silent_wait)
+    actions["silent_readers"] = lambda http, k: silent_readers(engine, address, readers, choices, silent_wait)
     actions["prompt_logprobs"] = lambda http, k: prompt_logprobs(http, 4, 1500)
     names = [name for name in actions if only is None or name in only]
     k = 0
-    async with httpx.AsyncClient(base_url=f"http://{pre.http_address}", timeout=TIMEOUT) as http:
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=TIMEOUT) as http:
         while not done() and (rounds is None or k < rounds):
             for name in names:
                 if done():

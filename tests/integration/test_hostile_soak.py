@@ -23,8 +23,8 @@ def test_normal_clients_are_served_beside_a_round_of_hostile_inputs(tiny_dirs):
 
         async def soak() -> None:
             async def hostile() -> None:
-                await hostile_loop(engine, pre, lambda: False, run, INPUTS, readers=2, choices=4, many=16,
-                                   silent_wait=300.0, rounds=1)
+                await hostile_loop(engine, pre.http_address, lambda: False, run, INPUTS, readers=2, choices=4,
+                                   many=16, silent_wait=300.0, rounds=1)
                 finished.append(True)
 
             await asyncio.gather(normal_clients(f"http://{pre.http_address}", 6, lambda: bool(finished), run),
