@@ -196,5 +196,5 @@ def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = N
     except ValueError as exc:
         print(f"splice engine: {exc}", file=sys.stderr)
         return 2
-    heap.serve_blocks_from_heap()  # per-step tensors without a mapping each (the engine thread trims when idle)
+    heap.serve_blocks_from_heap()  # per-step tensors without a mapping each; one arena, whose top trims return
     return run_service("engine", _serve(args, resolve), args.log_level)

@@ -261,15 +261,9 @@ class LLMEngine:
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
-        trimmed = True
         while not self._stopping:
             try:
-                if self.step():
-                    trimmed = False
-                else:
-                    if not trimmed and self.runner.batch is None:  # once an idle stretch: this thread's arena's
-                        heap.trim_own_arena()  # free top, which malloc_trim leaves (splice/heap.py)
-                        trimmed = True
+                if not self.step():
                     self._wake.wait(self._paused.left())
                     self._wake.clear()
             except Exception:  # a bug in the loop itself: fail what is running, keep serving

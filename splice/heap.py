@@ -9,12 +9,12 @@ threshold at its default; `trim_soon` has a thread return the heap's free pages 
 seconds after requests end (both services).
 
 The engine wants the opposite threshold: its per-step tensors (a few MB each) served from the heap, without a mapping
-and page faults each, so `serve_blocks_from_heap` fixes both thresholds where glibc's raising would take them. But a
-thread other than the main one allocates from an arena of its own (a heap of at most 64 MiB), and malloc_trim returns
-free pages inside such a heap but never its free top, which glibc gives back only when a free leaves it larger than
-the trim threshold (64 MiB once raised: never). The engine thread's arena grew to its 64 MiB under long prompts and
-stayed resident. `trim_own_arena`, run by the engine thread when it goes idle, lowers the threshold for one free of
-its own, so its arena's top goes back, and restores it.
+and page faults each, so `serve_blocks_from_heap` fixes both thresholds where glibc's raising would take them, and
+gives every thread the main arena. Another thread allocates from an arena of its own otherwise (a heap of at most
+64 MiB each), and malloc_trim returns free pages inside such a heap but never its free top, which glibc gives back
+only when a free leaves it larger than the trim threshold (64 MiB once raised: never): the engine thread's arena and
+each grammar-compiling thread's stayed resident at their peak (the hostile soak: a dozen arenas of ~40 MiB, all free).
+The engine's threads mostly wait on the interpreter's lock, so one arena's lock costs them nothing measurable.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import time
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MMAP_THRESHOLD = 128 << 10  # glibc's default: blocks this large or larger are mapped on their own
 MMAP_THRESHOLD_MAX = 32 << 20  # where glibc's raising of it stops (64-bit); the trim threshold goes to twice it
-TRIM_PROBE = 256 << 10  # a block this large, freed, makes glibc look at its arena's top (>= 64 KiB)
-_fixed = False  # serve_blocks_from_heap fixed the thresholds
 TRIM_EVERY = 2.0  # seconds between two trims at most (one costs a few ms, off the event loop, the GIL released)
 
 
@@ -40,9 +39,6 @@ def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc"):
-            libc.malloc.restype = ctypes.c_void_p
-            libc.free.argtypes = [ctypes.c_void_p]
         return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
     except OSError:
         return None
@@ -63,26 +59,12 @@ def keep_large_blocks_mapped() -> None:
 
 def serve_blocks_from_heap() -> None:
     """Blocks smaller than MMAP_THRESHOLD_MAX come from the heap, whose pages are reused, and its free top is kept up
-    to twice that (the engine's start: what glibc's own rule reaches after one large block, now from the start)."""
-    global _fixed
+    to twice that (what glibc's own rule reaches after one large block, now from the start); threads started from now
+    on allocate from the main arena, whose free top malloc_trim returns (the engine's start, before its threads)."""
     if (libc := _libc()) is not None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
         libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_MAX)
-        _fixed = True
-
-
-def trim_own_arena() -> None:
-    """The free top of the calling thread's arena back to the OS (a few ms; call it when the thread goes idle, after
-    serve_blocks_from_heap): the trim threshold at 0 for one free of a block of this thread's, then twice
-    MMAP_THRESHOLD_MAX again. Other threads' frees meanwhile trim their arenas too, which is harmless. A no-op in a
-    process that did not fix the thresholds (an engine inside a bench or a test keeps glibc's own rule)."""
-    if (libc := _libc()) is None or not _fixed:
-        return
-    libc.mallopt(M_TRIM_THRESHOLD, 0)
-    try:
-        libc.free(libc.malloc(TRIM_PROBE))
-    finally:
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_MAX)
+        libc.mallopt(M_ARENA_MAX, 1)
 
 
 def trim() -> None:
