@@ -95,8 +95,8 @@ _MANY_ROW_COUNTS = textwrap.dedent("""
 @pytest.mark.skipif(not heap.available() or not torch.backends.mkldnn.is_available(), reason="glibc and oneDNN")
 def test_what_onednn_keeps_of_many_row_counts_stops_growing():
     """Each distinct row count is a new oneDNN primitive per weight shape, ~0.5 MB each kept: at oneDNN's and ideep's
-    default capacities (1024 each) 150 row counts kept ~350 MB, growing by ~130 MB from the 50th row count to the
-    150th; bounded, what 100 more row counts add is what replacing entries costs (~0)."""
+    default capacities (1024 each) what they kept grew by ~210 MB from the 50th row count to the 150th; bounded, what
+    100 more row counts add is what replacing entries costs (~0)."""
     env = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHES}
     out = subprocess.run([sys.executable, "-c", _MANY_ROW_COUNTS], capture_output=True, text=True, check=True, env=env,
                          timeout=300).stdout.split()
