@@ -24,7 +24,7 @@ import time
 from app.scrape import metrics_address, scrape, value
 from bench.common import bench_parser
 from bench.stacks import running_stack
-from tests.harness.hostile_soak import Run, after, hostile_bodies, hostile_loop, normal_clients
+from tests.harness.hostile_soak import Run, after, hostile_bodies, hostile_loop, normal_clients, until
 from tests.harness.up import rss_mib
 
 SILENT = ["silent_readers", "prompt_logprobs"]
@@ -40,12 +40,12 @@ async def _idle(engine) -> None:
 
 
 def _attack(metrics: str, address: str, deadline: float, only: list[str] | None) -> Run:
-    """The hostile loop until `deadline` (time.monotonic(), the same clock in every process), in a process of its
-    own: the attacker is another client. In the normal clients' event loop, building and sending its bodies (60,000
-    tools, 2M logit_bias entries, 10M allowed IDs: hundreds of ms each, holding that loop) stalled their reads, and
-    the stall counted in their latency as if the services had made it."""
+    """The hostile loop until `deadline` (see `until`), in a process of its own: the attacker is another client. In
+    the normal clients' event loop, building and sending its bodies (60,000 tools, 2M logit_bias entries, 10M allowed
+    IDs: hundreds of ms each, holding that loop) stalled their reads, and the stall counted in their latency as if the
+    services had made it."""
     run = Run()
-    asyncio.run(hostile_loop(metrics, address, lambda: time.monotonic() >= deadline, run, only))
+    asyncio.run(hostile_loop(metrics, address, until(deadline), run, only))
     return run
 
 
@@ -61,7 +61,7 @@ async def _soak(args, engine, pre) -> tuple[Run, Run, dict[str, tuple[float, flo
     attacker = multiprocessing.get_context("spawn").Pool(1)  # its own process: see _attack
     try:
         attack = attacker.apply_async(_attack, (metrics_address(engine), pre.http_address, deadline, only))
-        await normal_clients(base, args.streams, lambda: time.monotonic() >= deadline, hostile, args.seed + 1)
+        await normal_clients(base, args.streams, until(deadline), hostile, args.seed + 1)
         attacked = await asyncio.to_thread(attack.get)
     finally:
         attacker.terminate()

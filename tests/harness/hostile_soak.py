@@ -99,9 +99,13 @@ async def _stream(http: httpx.AsyncClient, path: str, body: dict) -> str | None:
 Done = Callable[[], bool]  # whether a stretch is over
 
 
-def after(seconds: float) -> Done:
-    deadline = time.monotonic() + seconds
+def until(deadline: float) -> Done:
+    """Over at `deadline`, a time.monotonic() (one clock for every process on the machine)."""
     return lambda: time.monotonic() >= deadline
+
+
+def after(seconds: float) -> Done:
+    return until(time.monotonic() + seconds)
 
 
 async def normal_clients(base: str, streams: int, done: Done, run: Run, seed: int = 0) -> None:
