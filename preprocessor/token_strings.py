@@ -42,10 +42,10 @@ class TokenStrings:
 
     def decoded(self, ids: Sequence[int], context: Sequence[int]) -> list[str]:
         """`at` without return_tokens_as_token_ids (vLLM's decoded_token, which chat's `bytes` spell)."""
-        return [self._completed(t, context) if s.endswith(REPLACEMENT) else s for t, s in zip(ids, self.texts(ids),
-                                                                                               strict=True)]
+        return [self.completed(t, context) if s.endswith(REPLACEMENT) else s for t, s in zip(ids, self.texts(ids),
+                                                                                              strict=True)]
 
-    def _completed(self, token: int, context: Sequence[int]) -> str:
+    def completed(self, token: int, context: Sequence[int]) -> str:
         """What `token` adds to the shortest tail of `context` with which it completes its characters; "" if none
         does."""
         context = list(context[-CONTEXT:])

@@ -10,6 +10,7 @@ Starlette's JSONResponse writes (the same json.dumps options).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
@@ -24,12 +25,24 @@ CHUNK_BYTES = 1 << 20  # a large body is sent in chunks of about this size
 WALKED_LEVELS = 6  # response -> choices -> choice -> logprobs -> content -> item: deeper values are encoded whole
 
 
+@dataclass(frozen=True)
+class RawJSON:
+    """A value already written as JSON, in pieces (a prompt's logprobs: logprobs.py), placed in a body as it is."""
+
+    pieces: tuple[str, ...]
+
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 
 
 def _pieces(value: Any, level: int, out: list[str]) -> None:
-    if level >= WALKED_LEVELS or not isinstance(value, (dict, list)) or not value:
+    if isinstance(value, RawJSON):
+        out.extend(value.pieces)
+    elif level >= WALKED_LEVELS or not isinstance(value, (dict, list)) or not value:
         out.append(_dumps(value))
     elif isinstance(value, dict):
         out.append("{")

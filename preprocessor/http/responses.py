@@ -98,9 +98,10 @@ class Shape:
     TOKEN_BYTES = 128
     LOGPROB_BYTES = 1024
     ALTERNATIVE_BYTES = 160
-    # ... and per prompt position with prompt_logprobs = k (measured the same way on completions' JSON): vLLM's
-    # prompt_logprobs list, built once per prompt (~560 B + ~330 B per alternative), and each copy of it in the JSON
-    # (~220 B + ~210 B per alternative at the peak of rendering it), one per choice that shows it
+    # ... and per prompt position with prompt_logprobs = k (measured the same way on completions' JSON, when the list
+    # was built as dicts; written as text now (logprobs.py), it holds ~100 B per alternative, so these bound it from
+    # above): vLLM's prompt_logprobs list, built once per prompt (~560 B + ~330 B per alternative), and each copy of
+    # it in the JSON (~220 B + ~210 B per alternative at the peak of rendering it), one per choice that shows it
     PROMPT_POSITION_BYTES = 640
     PROMPT_ALTERNATIVE_BYTES = 352
     PROMPT_COPY_BYTES = 256

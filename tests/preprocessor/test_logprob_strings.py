@@ -8,6 +8,8 @@ The tiny models' tokenizer is byte-level: "À" is two tokens, neither text alone
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from preprocessor.answer import Collected, whole_answer
@@ -89,8 +91,8 @@ def test_prompt_logprobs_spell_the_prompt_in_its_sequence(core):
     ids = (*tok("a", add_special_tokens=False)["input_ids"], *tok("À", add_special_tokens=False)["input_ids"])
     plp = PromptLogprobs(ids, (-1.0,) * (len(ids) - 1), (1,) * (len(ids) - 1), (), ())
     strings = TokenStrings(core.token_texts, core.decode_ids, as_ids=True)  # (decoded_token is text even so)
-    got = prompt_logprobs_json(plp, strings)
+    got = json.loads(prompt_logprobs_json(plp, strings).text())
     assert [got[i][str(ids[i])]["decoded_token"] for i in (1, 2)] == ["", "À"]
     split = tuple(core.files.tokenizer("À", add_special_tokens=False)["input_ids"])
-    got = prompt_logprobs_json(PromptLogprobs(split, (-1.0,), (1,), (), ()), strings)
+    got = json.loads(prompt_logprobs_json(PromptLogprobs(split, (-1.0,), (1,), (), ()), strings).text())
     assert got[1][str(split[1])]["decoded_token"] == ""

@@ -4,6 +4,7 @@ split of a long prompt's logprobs, joined again by the clients."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -33,13 +34,18 @@ def texts(ids):
 STRINGS = TokenStrings(texts, lambda ids: "".join(texts(ids)))
 
 
+def prompt_json(plp: PromptLogprobs, strings: TokenStrings) -> list:
+    """The prompt's logprobs as the response's JSON holds them, parsed."""
+    return json.loads(prompt_logprobs_json(plp, strings).text())
+
+
 # prompt <s> A cat sat; k = 2: at position 2 the prompt's token (6) is the most likely, at 3 it is not among the two
 PLP = PromptLogprobs((1, 5, 6, 7), (-2.0, -0.5, -3.0), (4, 1, 7), (10, 5, 6, 8, 8, 9), (-1.0, -2.0, -0.5, -1.5,
                                                                                          -0.25, -1.0))
 
 
 def test_prompt_logprobs_json_is_vllms_dict_per_position():
-    got = prompt_logprobs_json(PLP, STRINGS)
+    got = prompt_json(PLP, STRINGS)
     assert got[0] is None and len(got) == 4
     assert list(got[1]) == ["5", "10"]  # the prompt's token first (rank 4), then the most likely; 5 is rank 2 there
     assert got[1]["5"] == {"logprob": -2.0, "rank": 2, "decoded_token": "A"}  # the top-k entry overwrites it
@@ -48,7 +54,7 @@ def test_prompt_logprobs_json_is_vllms_dict_per_position():
     assert list(got[3]) == ["7", "8", "9"] and got[3]["7"] == {"logprob": -3.0, "rank": 7, "decoded_token": " sat"}
     assert prompt_logprobs_json(None, STRINGS) is None
     low = PromptLogprobs((1, 5), (-math.inf,), (9,), (), ())
-    assert prompt_logprobs_json(low, STRINGS)[1]["5"]["logprob"] == -9999.0  # JSON has no -inf; vLLM's stand-in
+    assert prompt_json(low, STRINGS)[1]["5"]["logprob"] == -9999.0  # JSON has no -inf; vLLM's stand-in
 
 
 def test_completion_logprobs_with_echoed_prompt_then_generated_tokens():
