@@ -83,6 +83,10 @@ def _http_face() -> tuple[Flag, ...]:
                   "of its next request) before it is closed (default: %(default)s)"),
         flag("--http-max-connections", type=int, default=HttpOptions.max_connections,
              help="HTTP connections open at once; one more is answered 503 and closed (default: %(default)s)"),
+        flag("--http-send-buffer-kb", type=int, default=HttpOptions.send_buffer_kb,
+             help="KiB of answer the kernel buffers for each HTTP connection (SO_SNDBUF): what a client that does not "
+                  "read holds before its stream pauses; 0: the kernel's own tuning, up to its net.ipv4.tcp_wmem "
+                  "(default: %(default)s)"),
     )
 
 
@@ -253,7 +257,7 @@ def http_from_args(args: argparse.Namespace) -> HttpOptions | None:
                        allowed_media_domains=tuple(args.allowed_media_domains), media_timeout=args.media_fetch_timeout,
                        drain_grace=args.drain_grace, header_timeout=args.http_header_timeout,
                        body_idle_timeout=args.upload_idle_timeout,
-                       max_connections=args.http_max_connections,
+                       max_connections=args.http_max_connections, send_buffer_kb=args.http_send_buffer_kb,
                        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                        served_model_names=tuple(args.served_model_name or ()),
                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,

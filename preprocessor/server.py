@@ -83,7 +83,7 @@ class PreprocessorServer:
             app = build_app(self.link, self._http_options, self.admission)
             options = self._http_options
             self._http = HttpServer(app, self.host, options.port, options.drain_grace, tls, options.header_timeout,
-                                    options.max_connections)
+                                    options.max_connections, options.send_buffer_kb << 10)
             self.http_port = await self._http.start()
         await self._set_health(False)
         await server.start()

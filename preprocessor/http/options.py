@@ -36,6 +36,7 @@ class HttpOptions:
     drain_grace: float = 20.0  # seconds running requests get to finish on shutdown
     header_timeout: float = 10.0  # seconds a connection has to deliver a request's headers (connections.py)
     max_connections: int = 1024  # connections open at once; one more is answered 503 and closed
+    send_buffer_kb: int = 256  # each connection's kernel send buffer (SO_SNDBUF, connections.py); 0: the kernel's own
     body_idle_timeout: float = 30.0  # seconds a request body may stay silent while it is read (--upload-idle-timeout)
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
     allow_runtime_lora_updating: bool = False
@@ -55,6 +56,8 @@ class HttpOptions:
             raise ValueError(f"--http-header-timeout must be > 0, got {self.header_timeout}")
         if self.body_idle_timeout <= 0:
             raise ValueError(f"--upload-idle-timeout must be > 0, got {self.body_idle_timeout}")
+        if self.send_buffer_kb < 0:
+            raise ValueError(f"--http-send-buffer-kb must be >= 0, got {self.send_buffer_kb}")
         if self.max_connections < 1:
             raise ValueError(f"--http-max-connections must be >= 1, got {self.max_connections}")
         if any(not name for name in self.served_model_names):

@@ -46,11 +46,11 @@ def _listen(host: str, port: int) -> socket.socket:
 
 class HttpServer:
     def __init__(self, app: FastAPI, host: str, port: int, grace: float = 5.0, tls: ServerTLS | None = None,
-                 header_timeout: float = 10.0, max_connections: int = 1024) -> None:
+                 header_timeout: float = 10.0, max_connections: int = 1024, send_buffer: int = 0) -> None:
         """`tls`: HTTPS with the gRPC face's certificate (client certificates required when it has a CA).
-        `header_timeout`, `max_connections`: the connection guards (connections.py)."""
+        `header_timeout`, `max_connections`, `send_buffer`: the connection guards (connections.py)."""
         self.host, self.port = host, port
-        self.protocol = guarded_h11(header_timeout, max_connections)
+        self.protocol = guarded_h11(header_timeout, max_connections, send_buffer)
         self.grace = grace
         self.tls = tls
         self._app = app

@@ -1,11 +1,14 @@
 """The HTTP face's connection guards: connections that send their headers a byte at a time (slowloris) are closed
 once the header time limit passes, while normal requests are served; connections past the limit are answered 503
-and closed at once, and the face serves again once they are gone."""
+and closed at once, and the face serves again once they are gone; each connection's kernel send buffer is bounded."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+
+import pytest
 
 from preprocessor.http.options import HttpOptions
 from tests.preprocessor.http_face import http_face
@@ -62,3 +65,30 @@ async def test_connections_past_the_limit_are_refused_at_once(tiny_dirs, tiny):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
         assert (await face.http.post("/tokenize", json={"prompt": "hello"})).status_code == 200
+
+
+async def _send_buffers(face, connections: int) -> list[int]:
+    """SO_SNDBUF of the server's side of each open HTTP connection, once `connections` are open."""
+    deadline = time.monotonic() + GUARD
+    while face.pre._http.open_connections < connections:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    return [p.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            for p in face.pre._http._server.server_state.connections]
+
+
+async def test_what_the_kernel_buffers_for_a_connection_is_bounded(tiny_dirs, tiny):
+    """A client that does not read holds what its connection's send buffer takes; Linux starts and grows that buffer
+    up to tcp_wmem's maximum (4 MiB on loopback here), unless the socket's size is set, as the face does
+    (--http-send-buffer-kb)."""
+    kb = 64
+    async with http_face(tiny_dirs, tiny, http=HttpOptions(port=0, send_buffer_kb=kb)) as face:
+        _, writer = await asyncio.open_connection(*face.http_address)
+        sizes = await _send_buffers(face, 1)
+        assert all(kb << 10 <= size <= 2 * kb << 10 for size in sizes), sizes  # (Linux doubles what it is given)
+        writer.close()
+
+
+def test_a_negative_send_buffer_is_refused():
+    with pytest.raises(ValueError, match="--http-send-buffer-kb"):
+        HttpOptions(send_buffer_kb=-1)
