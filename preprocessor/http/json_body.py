@@ -58,8 +58,11 @@ def _pieces(value: Any, level: int, out: list[str]) -> None:
         out.append("[")
         for i in range(0, len(value), SLICE):
             if whole:
-                out.append(("," if i else "") + _dumps(value[i:i + SLICE])[1:-1])
-                continue
+                try:
+                    out.append(("," if i else "") + _dumps(value[i:i + SLICE])[1:-1])
+                    continue
+                except TypeError:  # a RawJSON inside, which json.dumps cannot write: these items are walked
+                    whole = False
             for j, item in enumerate(value[i:i + SLICE], start=i):
                 if j:
                     out.append(",")
@@ -71,7 +74,10 @@ def _small_items(items: list) -> bool:
     """Whether a list is long and its items, sampled, small enough to be encoded SLICE at a time."""
     if len(items) <= SAMPLED_LISTS:
         return False
-    return all(len(_dumps(items[i])) <= SMALL_ITEM_BYTES for i in (0, len(items) // 2, -1))
+    try:
+        return all(len(_dumps(items[i])) <= SMALL_ITEM_BYTES for i in (0, len(items) // 2, -1))
+    except TypeError:  # a RawJSON inside (many choices, each with its prompt's logprobs): walked
+        return False
 
 
 def json_chunks(value: Any) -> list[bytes]:

@@ -118,3 +118,20 @@ async def test_a_large_body_is_parsed_off_the_loop_and_counted_by_its_values(tin
     async with http_face(tiny_dirs, tiny, admission=Admission(max_bytes=cap)) as face:
         r = await face.http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 413 and "JSON values" in r.json()["error"]["message"], r.text
+
+
+def test_json_already_written_is_placed_as_it_is_wherever_it_lies():
+    """A prompt's logprobs come written (RawJSON): on each of many choices (more than are walked item by item without
+    sampling their size), small or large, the body's bytes are those of the same values as dicts."""
+    from starlette.responses import JSONResponse
+
+    from preprocessor.http.json_body import RawJSON
+
+    rng = random.Random(7)
+    for positions in (2, 300):
+        plp = [None] + [{str(rng.randrange(1000)): {"logprob": -rng.random(), "rank": 1, "decoded_token": "é"}}
+                        for _ in range(positions)]
+        raw = RawJSON(("[", json.dumps(plp, ensure_ascii=False, separators=(",", ":"))[1:-1], "]"))
+        for n in (1, 16, 300):
+            body = json_bytes({"choices": [{"index": i, "prompt_logprobs": raw} for i in range(n)]})
+            assert body == JSONResponse({"choices": [{"index": i, "prompt_logprobs": plp} for i in range(n)]}).body
