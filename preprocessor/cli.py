@@ -84,9 +84,9 @@ def _http_face() -> tuple[Flag, ...]:
         flag("--http-max-connections", type=int, default=HttpOptions.max_connections,
              help="HTTP connections open at once; one more is answered 503 and closed (default: %(default)s)"),
         flag("--http-send-buffer-kb", type=int, default=HttpOptions.send_buffer_kb,
-             help="KiB of answer the kernel buffers for each HTTP connection (SO_SNDBUF): what a client that does not "
-                  "read holds before its stream pauses; 0: the kernel's own tuning, up to its net.ipv4.tcp_wmem "
-                  "(default: %(default)s)"),
+             help="KiB of answer the kernel buffers for each HTTP connection (SO_SNDBUF, which Linux doubles and "
+                  "caps at net.core.wmem_max): what a client that does not read holds before its stream pauses; 0: "
+                  "the kernel's own tuning, up to net.ipv4.tcp_wmem's maximum (default: %(default)s)"),
     )
 
 

@@ -17,8 +17,9 @@ from fastapi.responses import Response, StreamingResponse
 
 SLICE = 256  # list items encoded per json.dumps call
 # A long list whose items look small (first, middle and last each at most this many bytes of JSON) is encoded a
-# slice at a time however deep it lies: a prompt's logprobs (a dict of k + 1 entries per position) walked item by
-# item cost 7.5x one json.dumps (383 vs 51 ms for 1,500 positions of 21), all of it holding the GIL in small bites
+# slice at a time however deep it lies: such a list walked item by item cost 7.5x one json.dumps (a prompt's
+# logprobs as dicts, 1,500 positions of 21: 383 vs 51 ms, all of it holding the GIL in small bites; they come
+# written now, RawJSON); a completion's logprobs content is such a list
 SMALL_ITEM_BYTES = 4096
 SAMPLED_LISTS = 8  # lists this long or shorter (a request's choices) are walked item by item
 CHUNK_BYTES = 1 << 20  # a large body is sent in chunks of about this size

@@ -19,6 +19,7 @@ from importlib.metadata import version
 
 from preprocessor.admission import charge
 from preprocessor.answer import Answer
+from preprocessor.http.json_body import RawJSON
 from preprocessor.http.logprobs import (
     clamp,
     completion_logprobs,
@@ -87,7 +88,7 @@ class Shape:
     # prompt -> its prompt logprobs: they come on its choice 0 alone (once per prompt from the engine), and each of
     # its choices shows them (completions, vLLM's) or starts its echo with them
     _prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
-    _prompt_logprobs_json: dict[int, list | None] = field(default_factory=dict)  # prompt -> built once for its choices
+    _prompt_logprobs_json: dict[int, RawJSON | None] = field(default_factory=dict)  # prompt -> written once for all
 
     id_prefix = "cmpl-"
     object_name = "text_completion"
@@ -258,7 +259,7 @@ class Shape:
         self._sent[index] = sent + sum(len(s[t]) for (t, _, _), s in zip(steps, strs, strict=True))
         return logprobs
 
-    def _prompt_json(self, index: int, plp: PromptLogprobs | None) -> list | None:
+    def _prompt_json(self, index: int, plp: PromptLogprobs | None) -> RawJSON | None:
         """vLLM's prompt_logprobs of choice `index`'s prompt, made once and shown on each of its choices."""
         prompt = index // self.n
         if prompt not in self._prompt_logprobs_json:
