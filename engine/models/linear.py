@@ -22,7 +22,8 @@ engine serving prompts of varied lengths kept up to ~460 MB more with those defa
 environment does not set them). A miss costs ~1 ms per weight shape (SmolLM2: 0.7-1.1 ms; its vocabulary projection
 2-17 ms) and is rare: 16 streams of prompts of 20-1,500 positions replayed against an LRU of these entries made 214
 distinct primitives and missed 241 times at 64 entries, 235 at 128, 214 at 1024 (so 64 entries cost ~6 misses more
-than 128 in a run of 108 s, and ~27 more than no eviction at all).
+than 128 in a run of 108 s, and ~27 more than no eviction at all); 64 streams of 20-1,000 positions, whose decode
+batches shrink and grow: 371 distinct, 608 misses at 64, 483 at 128 (125 more over 621 steps and 267 s: < 0.2 s).
 """
 
 from __future__ import annotations
