@@ -16,8 +16,8 @@ is full (uvicorn then waits, the preprocessor stops pulling, the engine pauses t
 everything the buffer takes is generated and rendered for nobody: 8 clients that never read, n 16 with 20 logprobs
 a token, cost 17,268 generated tokens and 4.3 CPU seconds of the two services per round with the kernel's tuning,
 ~4,600-4,750 tokens and 1.0-1.1 s with 256 KiB (bench/hostile_soak.py's silent readers). Linux doubles what is set
-and caps it at net.core.wmem_max. 256 KiB still streams at hundreds of
-MB/s on a local network; over a link of 100 ms round trip a whole answer comes at ~4-5 MB/s (0 restores the kernel's).
+and caps it at net.core.wmem_max. 256 KiB still streams at hundreds of MB/s on a local network; over a link of
+100 ms round trip a whole answer comes at ~4-5 MB/s (0 restores the kernel's).
 """
 
 from __future__ import annotations

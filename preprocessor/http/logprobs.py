@@ -55,13 +55,11 @@ def output_steps(token_ids: Sequence[int], logprobs: Sequence[float], top_ids: S
             for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True))]
 
 
-def step_strings(steps: Sequence[Step], strings: TokenStrings, context: Sequence[int] = (),
-                 decoded: bool = False) -> list[dict[int, str]]:
+def step_strings(steps: Sequence[Step], strings: TokenStrings, context: Sequence[int] = ()) -> list[dict[int, str]]:
     """Each step's token strings by ID (its token's and its alternatives'), as vLLM renders them at that place of
     their sequence (token_strings.py): `context` holds the sequence's tokens before the first step, and each
     step's own token follows it. A step without a logprob (a prompt's first position) is decoded alone and is no
-    context, as vLLM keeps no entry for it. `decoded`: vLLM's decoded text even with return_tokens_as_token_ids."""
-    at = strings.decoded if decoded else strings.at
+    context, as vLLM keeps no entry for it."""
     ctx = list(context[-CONTEXT:])
     out = []
     for token, lp, items in steps:
@@ -69,7 +67,7 @@ def step_strings(steps: Sequence[Step], strings: TokenStrings, context: Sequence
             out.append(dict(zip([token], strings.alone([token]), strict=True)))
             continue
         ids = list(dict.fromkeys([token, *(i for i, _ in items)]))
-        out.append(dict(zip(ids, at(ids, ctx), strict=True)))
+        out.append(dict(zip(ids, strings.at(ids, ctx), strict=True)))
         ctx = [*ctx[1 - CONTEXT:], token]
     return out
 
