@@ -53,6 +53,22 @@ def below_min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     return scaled < torch.tensor([math.log(p) if p else -math.inf for p in min_p], device=scaled.device)[:, None]
 
 
+def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """probs [rows, vocab] -> [rows]: each row's token drawn with one uniform number from its own generator, the
+    first token whose cumulative probability reaches it (FlashInfer's sampling from probabilities does the same).
+
+    Why not torch.multinomial's draw (argmax of p / q, q ~ Exp(1) over the whole vocabulary): torch's CPU exponential
+    costs ~19 ns a number, ~0.9 ms a row for a vocabulary of 49,152, 15 ms of a 16-row decode step of ~100 ms; the
+    cumulative sum costs ~0.05 ms a row. The uniform is taken from (0, 1] and scaled by the row's own total (what
+    the float sums reach), so the target is above 0 and at most the last cumulative value: a token of probability 0
+    (filtered out, or underflowed) has the same cumulative value as the token before it and is never the first to
+    reach the target, and a target of the total finds a token."""
+    cdf = probs.cumsum(-1)  # [rows, vocab]
+    uniform = torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(probs.device)
+    target = (1.0 - uniform) * cdf[:, -1]  # (0, total]
+    return torch.searchsorted(cdf, target[:, None])[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
 @torch.inference_mode()
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
            raw: torch.Tensor | None = None) -> tuple[list[int], list[float | None], list[Top | None]]:
@@ -71,15 +87,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         if any(params[r].min_p for r in sampled):
             scaled = scaled.masked_fill(below_min_p(scaled, [params[r].min_p for r in sampled]), float("-inf"))
         probs = scaled.softmax(-1)  # [sampled, vocab]
-        race = torch.empty_like(probs)  # [sampled, vocab]
         for k, row in enumerate(sampled):
             p = params[row]
             if p.top_k or p.top_p < 1.0:  # top-k / top-p per row, on what min-p left
                 probs[k] = top_k_top_p(scaled[k], p).softmax(-1)
-            race[k].exponential_(generator=generators[row])
-        # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1) from the row's generator), for all
-        # rows at once: the same tokens as a multinomial per row, without its per-row checks and host syncs
-        chosen[index] = (probs / race).argmax(dim=-1)
+        chosen[index] = inverse_cdf(probs, [generators[row] for row in sampled])
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * len(params)
     tops: list[Top | None] = [None] * len(params)
