@@ -60,9 +60,10 @@ def test_served_text_stacks_and_heads_run_packed(tiny_dirs):
 
 
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="no BF16 units on this CPU")
-def test_one_position_bfloat16_attention_equals_sdpa():
+@pytest.mark.parametrize("rows", [1, 2, 3])  # up to attention.UPCAST_ROWS in float32, then the batched products
+def test_one_position_bfloat16_attention_equals_sdpa(rows):
     g = torch.Generator().manual_seed(1)
-    rows, heads, kv_heads, d, t = 3, 6, 2, 16, 11
+    heads, kv_heads, d, t = 6, 2, 16, 11
     q = torch.randn(rows, heads, 1, d, generator=g).bfloat16()
     k, v = (torch.randn(rows, kv_heads, t, d, generator=g).bfloat16() for _ in range(2))
     mask = torch.ones(rows, 1, 1, t, dtype=torch.bool)
