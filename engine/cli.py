@@ -183,6 +183,10 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
 
 
 def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = None) -> int:
+    if (env := heap.huge_pages_env(os.environ)) is not None:  # the weights on huge pages (heap.huge_pages_env)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)
     busy = first_unbindable([Listen("--port", args.host, args.port),
                              Listen("--metrics-port", args.host, args.metrics_port or 0)])
     if busy:  # before the model loads, and before the flags' check imports torch (seconds)

@@ -23,6 +23,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
+import platform
 import threading
 import time
 
@@ -55,6 +57,35 @@ def keep_large_blocks_mapped() -> None:
     if (libc := _libc()) is not None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD)
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: its heap and mapped blocks madvised for huge pages
+HUGE_PAGES_ENV = "SPLICE_HUGE_PAGES"  # "0": the engine starts without them
+THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_pages_env(environ: dict[str, str] | os._Environ) -> dict[str, str] | None:
+    """The environment to start the engine's process again in, so that glibc backs its heap with transparent huge
+    pages, or None where that is done, off, or not possible (not glibc >= 2.35, huge pages "never").
+
+    Why: a decode step streams every weight from memory once (SmolLM2: 540 MB in float32), and with 4 KiB pages the
+    walk through the page tables is part of that (135,000 pages a step). Through every packed linear of SmolLM2 at one
+    row, three runs each: float32 39.5 -> 33.9 ms, bfloat16 21.4 -> 17.7 ms. The kernel's default on most
+    distributions is "madvise" (huge pages only where asked), and glibc asks only when told at the process's start:
+    a tunable, read once, so the process starts again (exec: the same pid, before the model loads)."""
+    if environ.get(HUGE_PAGES_ENV) == "0" or HUGE_PAGES_TUNABLE in environ.get("GLIBC_TUNABLES", ""):
+        return None
+    lib, version = platform.libc_ver()
+    if lib != "glibc" or tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) < (2, 35):
+        return None
+    try:
+        with open(THP_MODE) as f:
+            if "[never]" in f.read():
+                return None
+    except OSError:
+        return None
+    tunables = ":".join(t for t in (environ.get("GLIBC_TUNABLES", ""), HUGE_PAGES_TUNABLE) if t)
+    return {**environ, "GLIBC_TUNABLES": tunables}
 
 
 def serve_blocks_from_heap() -> None:

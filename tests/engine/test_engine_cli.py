@@ -11,6 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splice import heap
 from splice.v1 import common_pb2, engine_pb2_grpc
 
 
@@ -29,6 +30,9 @@ def test_cli_serves_on_the_printed_port_and_stops_cleanly(tiny_dirs):
             assert status == health_pb2.HealthCheckResponse.SERVING
             info = engine_pb2_grpc.EngineStub(ch).GetModelInfo(common_pb2.GetModelInfoRequest(), timeout=10)
             assert info.model == "tiny-text" and info.architecture == "LlamaForCausalLM"
+        if heap.huge_pages_env({}) is not None:  # started again with glibc's huge-pages tunable, the same pid
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                assert heap.HUGE_PAGES_TUNABLE.encode() in f.read()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
