@@ -39,6 +39,7 @@ from engine.prompt_logprobs import PromptScores
 from engine.sampler import Sampler, Top
 from engine.scheduler import Scheduler, SchedulerOutput, StepOutput, mixed_prefill_default
 from engine.sequence import Sequence
+from engine.step_threads import PREFILL_THREADS_AT, StepThreads
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
 from splice import heap
@@ -72,8 +73,13 @@ class LLMEngine:
         self.ranks = Ranks(cfg.tensor_parallel_size, cfg) if cfg.tensor_parallel_size > 1 else None
         self.m = loaded if loaded is not None else load(cfg)
         self.prefix = for_engine(cfg, self.m.family)
+        threads = (StepThreads(cfg.torch_threads, cfg.prefill_threads)
+                   if cfg.torch_threads and cfg.prefill_threads and cfg.prefill_threads != cfg.torch_threads
+                   and self.m.device.type == "cpu" and cfg.tensor_parallel_size == 1 else None)
+        if threads is not None:
+            log.info("steps of %d prompt positions or more on %d torch threads", PREFILL_THREADS_AT, threads.prefill)
         self.runner = ModelRunner(self.m.family, batch_capacity(cfg.max_running_seqs, self.m.info.max_model_len),
-                                  self.prefix)
+                                  self.prefix, threads)
         self.family = self.m.family  # its prompt() is a model call: the runner's and its run on every rank
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)

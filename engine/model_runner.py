@@ -33,6 +33,7 @@ from engine.batch import Batch
 from engine.models import ModelFamily, Prompt
 from engine.models.slot_cache import SlotKV
 from engine.prefix_cache import PrefixCache, PrefixKeys
+from engine.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +75,15 @@ def batch_capacity(max_running_seqs: int, max_model_len: int) -> tuple[int, int]
 
 class ModelRunner:
     def __init__(self, family: ModelFamily, capacity: tuple[int, int] | None = None,
-                 prefix: PrefixCache | None = None) -> None:
+                 prefix: PrefixCache | None = None, threads: StepThreads | None = None) -> None:
         """`capacity`: (slots, columns) the running batch can reach, which the key/value buffers are reserved at
         where that costs only what is written (engine/models/slot_cache.py); None = grown as needed. `prefix`: the
-        prefix cache completed prompts leave their blocks in and cached prefixes are read from (None: none)."""
+        prefix cache completed prompts leave their blocks in and cached prefixes are read from (None: none).
+        `threads`: torch's threads per step by its prompt positions (engine/step_threads.py; None: left as set)."""
         self.family = family
         self.capacity = capacity
         self.prefix = prefix
+        self.threads = threads
         self.batch: Batch | None = None
 
     @property
@@ -104,6 +107,8 @@ class ModelRunner:
         wait in the slot after the rows."""
         assert len(tokens) <= self.rows
         assert all(p.end == len(p.prompt.token_ids) for p in parts[:-1])
+        if self.threads is not None:
+            self.threads.set_for(sum(p.end - p.start for p in parts))
         hits = [p for p in parts if p.slot is None and p.start > 0]
         if hits:  # their cached blocks stay until they are read, whatever other prompts keep first
             size = self.prefix.block_size

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig, auto_torch_threads, usable_cpus
+from engine.config import EngineConfig, auto_prefill_threads, auto_torch_threads, usable_cpus
 from engine.loader import pick_device, pick_dtype
 
 
@@ -69,6 +69,22 @@ def test_auto_torch_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
     assert auto_torch_threads(ranks, cpu_max=str(tmp_path / "none")) == want
+
+
+@pytest.mark.parametrize(("cpus", "env", "ranks", "want"), [
+    (8, None, 1, 8),  # a step of many prompt positions takes every CPU
+    (2, None, 1, 2),
+    (8, "3", 1, None),  # OMP_NUM_THREADS: the operator's count for every step
+    (8, "0", 1, 8),
+    (8, None, 2, None),  # tensor-parallel ranks keep their share
+])
+def test_auto_prefill_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    assert auto_prefill_threads(ranks, cpu_max=str(tmp_path / "none")) == want
 
 
 @pytest.mark.parametrize(("cpu_max", "want"), [
