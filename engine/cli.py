@@ -64,11 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch's intra-op threads (per tensor-parallel rank); default: $OMP_NUM_THREADS when "
                              "set, else this host's CPUs less one (shared by the ranks), leaving a core to the "
                              "serving loop and a co-located preprocessor")
-    parser.add_argument("--prefill-threads", type=int, default=None,
-                        help="torch's intra-op threads for a step that prefills 64 prompt positions or more (on the "
-                             "CPU; its matrix products scale with the cores, and no token streams while a prompt "
-                             "prefills alone); default: every CPU of this host where --torch-threads and "
-                             "$OMP_NUM_THREADS are unset and tensor parallelism is off, else --torch-threads")
+    parser.add_argument("--compute-threads", type=int, default=None,
+                        help="torch's intra-op threads on the CPU for the matrix products of every step and for "
+                             "all of a step that prefills 64 prompt positions or more (products scale with the "
+                             "cores; a decode step's small ops do not); default: every CPU of this host where "
+                             "--torch-threads and $OMP_NUM_THREADS are unset and tensor parallelism is off, else "
+                             "--torch-threads")
     parser.add_argument("--encoder-cache-mb", type=int, default=512,
                         help="MiB of vision-tower outputs kept by picture content, so a picture sent again (as "
                              "multi-turn chats do) is not encoded again; least recently used evicted first; 0: off "
@@ -137,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, folder: str, resolve: Resolve | None = None) -> EngineConfig:
     """The engine's flags as an EngineConfig for the model in `folder` (`resolve`: an adapter's PATH that is no
     folder -> its folder); ValueError names a flag out of range."""
-    from engine.config import EngineConfig, auto_prefill_threads, auto_torch_threads
+    from engine.config import EngineConfig, auto_compute_threads, auto_torch_threads
 
     loras = parse_lora_modules(args.lora_modules)
     if resolve is not None:
@@ -161,9 +162,9 @@ def config_from_args(args: argparse.Namespace, folder: str, resolve: Resolve | N
                         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                         torch_threads=(args.torch_threads if args.torch_threads is not None
                                        else auto_torch_threads(args.tensor_parallel_size)),
-                        prefill_threads=(args.prefill_threads if args.prefill_threads is not None
+                        compute_threads=(args.compute_threads if args.compute_threads is not None
                                          else None if args.torch_threads is not None
-                                         else auto_prefill_threads(args.tensor_parallel_size)))
+                                         else auto_compute_threads(args.tensor_parallel_size)))
 
 
 async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:

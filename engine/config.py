@@ -57,9 +57,10 @@ class EngineConfig:
     # torch's intra-op threads in this process (and each tensor-parallel rank); None = leave torch's setting, as
     # an engine embedded in someone else's process should. `splice engine` passes auto_torch_threads()
     torch_threads: int | None = None
-    # torch's threads for a step that prefills many prompt positions on the CPU (engine/step_threads.py), where
-    # torch_threads is set too; None = torch_threads for every step. `splice engine` passes auto_prefill_threads()
-    prefill_threads: int | None = None
+    # torch's threads on the CPU for the packed matrix products and for a step that prefills many prompt positions
+    # (engine/step_threads.py), where torch_threads is set and this is more; None = torch_threads for everything.
+    # `splice engine` passes auto_compute_threads()
+    compute_threads: int | None = None
     # MiB of vision-tower outputs kept by picture content (engine/encoder_cache.py), so a re-sent picture is not
     # encoded again; least recently used evicted first; 0 = off
     encoder_cache_mb: int = 512
@@ -117,8 +118,8 @@ class EngineConfig:
             raise ValueError(f"model_impl must be one of {IMPLS}, got {self.model_impl!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
-        if self.prefill_threads is not None and self.prefill_threads < 1:
-            raise ValueError(f"prefill_threads must be >= 1, got {self.prefill_threads}")
+        if self.compute_threads is not None and self.compute_threads < 1:
+            raise ValueError(f"compute_threads must be >= 1, got {self.compute_threads}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
         if self.block_size < 1:
@@ -196,9 +197,10 @@ def auto_torch_threads(ranks: int = 1, cpu_max: str = CPU_MAX) -> int:
     return max(1, (usable_cpus(cpu_max) - 1) // ranks)
 
 
-def auto_prefill_threads(ranks: int = 1, cpu_max: str = CPU_MAX) -> int | None:
-    """torch threads for a step that prefills many prompt positions (engine/step_threads.py): every usable CPU
-    where $OMP_NUM_THREADS is unset and the engine is one process; None (the usual count for every step) otherwise."""
+def auto_compute_threads(ranks: int = 1, cpu_max: str = CPU_MAX) -> int | None:
+    """torch threads for the matrix products and for a step that prefills many prompt positions
+    (engine/step_threads.py): every usable CPU where $OMP_NUM_THREADS is unset and the engine is one process; None
+    (the usual count for everything) otherwise."""
     env = os.environ.get("OMP_NUM_THREADS", "")
     if (env.isdigit() and int(env) > 0) or ranks > 1:
         return None

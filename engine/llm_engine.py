@@ -39,7 +39,7 @@ from engine.prompt_logprobs import PromptScores
 from engine.sampler import Sampler, Top
 from engine.scheduler import Scheduler, SchedulerOutput, StepOutput, mixed_prefill_default
 from engine.sequence import Sequence
-from engine.step_threads import PREFILL_THREADS_AT, StepThreads
+from engine.step_threads import PREFILL_STEP_AT, StepThreads
 from engine.tensor_parallel import Ranks
 from engine.validate import validate_request
 from splice import heap
@@ -73,13 +73,14 @@ class LLMEngine:
         self.ranks = Ranks(cfg.tensor_parallel_size, cfg) if cfg.tensor_parallel_size > 1 else None
         self.m = loaded if loaded is not None else load(cfg)
         self.prefix = for_engine(cfg, self.m.family)
-        threads = (StepThreads(cfg.torch_threads, cfg.prefill_threads)
-                   if cfg.torch_threads and cfg.prefill_threads and cfg.prefill_threads != cfg.torch_threads
-                   and self.m.device.type == "cpu" and cfg.tensor_parallel_size == 1 else None)
-        if threads is not None:
-            log.info("steps of %d prompt positions or more on %d torch threads", PREFILL_THREADS_AT, threads.prefill)
+        self.threads = (StepThreads(cfg.torch_threads, cfg.compute_threads)
+                        if cfg.torch_threads and cfg.compute_threads and cfg.compute_threads > cfg.torch_threads
+                        and self.m.device.type == "cpu" and cfg.tensor_parallel_size == 1 else None)
+        if self.threads is not None:
+            log.info("matrix products, and steps of %d prompt positions or more, on %d torch threads",
+                     PREFILL_STEP_AT, self.threads.compute)
         self.runner = ModelRunner(self.m.family, batch_capacity(cfg.max_running_seqs, self.m.info.max_model_len),
-                                  self.prefix, threads)
+                                  self.prefix, self.threads)
         self.family = self.m.family  # its prompt() is a model call: the runner's and its run on every rank
         if self.ranks is not None:
             self.runner, self.family = self.ranks.wrap(self.runner, self.family, self.m.device)
@@ -139,6 +140,8 @@ class LLMEngine:
             self._thread.join()
             self._thread = None
         self.runner.clear()
+        if self.threads is not None:
+            self.threads.close()
         self._resets.answer()  # (asked for as it stopped: nothing is cached any more that matters)
         if self._grammars is not None:
             self._grammars.close()

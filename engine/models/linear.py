@@ -74,4 +74,21 @@ class Linear:
         """x [..., in] -> [..., out]."""
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        wide = _product_threads
+        if wide is None or (usual := torch.get_num_threads()) >= wide:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        torch.set_num_threads(wide)
+        try:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        finally:
+            torch.set_num_threads(usual)
+
+
+_product_threads: int | None = None  # torch threads for a packed product; None: the caller's (product_threads)
+
+
+def product_threads(n: int | None) -> None:
+    """Every packed product from now on runs on at least `n` torch threads (None: on the caller's count), the
+    caller's count restored after it: engine/step_threads.py says why. Process-wide, as torch's threads are."""
+    global _product_threads
+    _product_threads = n

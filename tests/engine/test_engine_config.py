@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig, auto_prefill_threads, auto_torch_threads, usable_cpus
+from engine.config import EngineConfig, auto_compute_threads, auto_torch_threads, usable_cpus
 from engine.loader import pick_device, pick_dtype
 
 
@@ -78,13 +78,13 @@ def test_auto_torch_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
     (8, "0", 1, 8),
     (8, None, 2, None),  # tensor-parallel ranks keep their share
 ])
-def test_auto_prefill_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
+def test_auto_compute_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     if env is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
-    assert auto_prefill_threads(ranks, cpu_max=str(tmp_path / "none")) == want
+    assert auto_compute_threads(ranks, cpu_max=str(tmp_path / "none")) == want
 
 
 @pytest.mark.parametrize(("cpu_max", "want"), [
