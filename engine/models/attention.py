@@ -25,7 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from engine.models.slot_cache import Packed
 
 NAME = "splice_sdpa"
-UPCAST_ROWS = 2  # half-precision decode at this many rows or fewer runs in float32 (decode_attention says why)
+UPCAST_ROWS = 1  # half-precision decode at this many rows or fewer multiplies in float32 (decode_attention says why)
 PACKED = "splice_packed"  # the backbone keyword carrying a packed forward's Packed
 
 
@@ -64,29 +64,25 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     max_model_len columns wide), and torch's bfloat16 batched product copies batches that are apart itself, the keys
     transposed, which costs six times the plain copy and the product together.
 
-    At UPCAST_ROWS rows or fewer (one stream decoding) the copies and products cost more in calls than in bytes: the
-    query, keys and values are taken to float32 and torch's SDPA runs there (SmolLM2, ~300 columns: 66 instead of
-    117 us a layer at one row, 117 instead of 140 at two; from three rows on the products above win), its output
-    rounded back as the products' is."""
+    At UPCAST_ROWS rows or fewer (one stream decoding) torch's bfloat16 products cost more in calls than in bytes:
+    the same ops run in float32 on the values taken there (exactly: a bfloat16 value is a float32 one), the
+    probabilities still rounded to bfloat16 first (SmolLM2, ~300 columns: 91 instead of 117 us a layer at one row;
+    at two rows both cost 140 us, and from three on the bfloat16 products win)."""
     rows, heads, _, d = query.shape
     kv_heads, t = key.shape[1], key.shape[2]
     if mask is not None:  # [rows, 1, 1, >= T]: boolean (True = attend) or additive
         mask = mask[..., :t]
-    if rows <= UPCAST_ROWS:
-        if mask is not None and mask.dtype != torch.bool:
-            mask = mask.float()
-        out = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
-                                                               attn_mask=mask, scale=scaling, enable_gqa=True)
-        return out.to(query.dtype).transpose(1, 2)
-    q = query.reshape(rows * kv_heads, groups, d)  # head h reads key/value head h // groups, as repeat_kv does
-    keys = key.reshape(rows * kv_heads, t, d).contiguous()
+    work = torch.float32 if rows <= UPCAST_ROWS else query.dtype  # the products' dtype
+    q = query.to(work).reshape(rows * kv_heads, groups, d)  # head h reads key/value head h // groups, as repeat_kv
+    keys = key.to(work).reshape(rows * kv_heads, t, d).contiguous()
     scores = torch.bmm(q, keys.transpose(1, 2)).float().view(rows, kv_heads, groups, t)
     scores.mul_(d ** -0.5 if scaling is None else scaling)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(rows * kv_heads, groups, t)
-    out = torch.bmm(probs, value.reshape(rows * kv_heads, t, d).contiguous())  # [rows * kv_heads, groups, d]
-    return out.reshape(rows, 1, heads, d)
+    # the probabilities rounded to the values' dtype whatever the products' (as torch's CPU flash kernel does)
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).to(work).view(rows * kv_heads, groups, t)
+    out = torch.bmm(probs, value.to(work).reshape(rows * kv_heads, t, d).contiguous())  # [rows * kv_heads, groups, d]
+    return out.to(query.dtype).reshape(rows, 1, heads, d)
 
 
 def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Packed,

@@ -60,7 +60,7 @@ def test_served_text_stacks_and_heads_run_packed(tiny_dirs):
 
 
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="no BF16 units on this CPU")
-@pytest.mark.parametrize("rows", [1, 2, 3])  # up to attention.UPCAST_ROWS in float32, then the batched products
+@pytest.mark.parametrize("rows", [1, 2, 3])  # up to attention.UPCAST_ROWS multiplied in float32, then in bfloat16
 def test_one_position_bfloat16_attention_equals_sdpa(rows):
     g = torch.Generator().manual_seed(1)
     heads, kv_heads, d, t = 6, 2, 16, 11
