@@ -7,8 +7,9 @@ cores draw more bandwidth than one (SmolLM2's packed linears on two cores: at on
 at 256 rows 1.97x / 1.90x), while a decode step's small ops, memory-bound copies and softmax among them, do not
 (SmolLM2's 16-row bfloat16 decode step with every op on two threads: 55.8 -> 57.9 ms, its attention slower). The
 core left to the serving loop and a co-located preprocessor is lent for the products only, and for whole prefill
-steps, during which no token streams from a lone prompt. Measured through the stack (`bench.vs_vllm`, two CPUs):
-one stream's time per output token 52.2 -> 38.2 ms float32, 34.4 -> 28.5 ms bfloat16.
+steps, during which no token streams from a lone prompt. Measured through the stack on two CPUs (`splice up`'s
+engine and preprocessor, one client streaming 400 tokens over HTTP): time per output token 52.2 -> 38.2 ms float32,
+34.4 -> 28.5 ms bfloat16; docs/performance.md has vLLM's benchmark before and after.
 
 torch.set_num_threads is OpenMP's setting for the calling thread (the engine thread, which runs the forwards),
 read by oneDNN when a product runs; it is set only when it changes.
