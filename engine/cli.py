@@ -167,14 +167,27 @@ def config_from_args(args: argparse.Namespace, folder: str, resolve: Resolve | N
                                          else auto_compute_threads(args.tensor_parallel_size)))
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def weights_bytes(folder: str) -> int:
+    """The bytes of the weight files directly in `folder`."""
+    with os.scandir(folder) as entries:
+        return sum(e.stat().st_size for e in entries if e.is_file() and e.name.endswith(WEIGHT_SUFFIXES))
+
+
 async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
     from engine.server import EngineServer
     from splice.metrics import start_exporter
 
-    if args.metrics_port is not None:  # first: the metrics line precedes the ready line
+    folder = resolve(args.model)
+    if (env := heap.huge_pages_env(os.environ, weights_bytes(folder))) is not None:  # (heap.huge_pages_env: why)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)  # the same pid, started again; --model is resolved by now
+    if args.metrics_port is not None:  # the metrics line precedes the ready line
         exporter = start_exporter(args.host, args.metrics_port)
         print(f"engine metrics on {exporter.address}", flush=True)
-    folder = resolve(args.model)
     cfg = config_from_args(args, folder, resolve)
     server = EngineServer(cfg, args.host, args.port, tls=server_tls(args.tls_cert, args.tls_key, args.tls_ca),
                           api_key=args.api_key or os.environ.get(ENGINE_KEY_ENV) or None,
@@ -192,10 +205,6 @@ async def _serve(args: argparse.Namespace, resolve: Resolve) -> None:
 
 
 def run(args: argparse.Namespace, resolve: Resolve, check: CheckModel | None = None) -> int:
-    if (env := heap.huge_pages_env(os.environ)) is not None:  # the weights on huge pages (heap.huge_pages_env)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(sys.executable, sys.orig_argv, env)
     busy = first_unbindable([Listen("--port", args.host, args.port),
                              Listen("--metrics-port", args.host, args.metrics_port or 0)])
     if busy:  # before the model loads, and before the flags' check imports torch (seconds)

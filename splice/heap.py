@@ -64,16 +64,23 @@ HUGE_PAGES_ENV = "SPLICE_HUGE_PAGES"  # "0": the engine starts without them
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def huge_pages_env(environ: dict[str, str] | os._Environ) -> dict[str, str] | None:
+HUGE_PAGES_MIN_WEIGHTS = 64 << 20  # weights smaller than this gain nothing worth the slower start
+
+
+def huge_pages_env(environ: dict[str, str] | os._Environ, weights: int) -> dict[str, str] | None:
     """The environment to start the engine's process again in, so that glibc backs its heap with transparent huge
-    pages, or None where that is done, off, or not possible (not glibc >= 2.35, huge pages "never").
+    pages, or None where that is done, off, not worth it (`weights`, their bytes on disk, below
+    HUGE_PAGES_MIN_WEIGHTS) or not possible (not glibc >= 2.35, huge pages "never").
 
     Why: a decode step streams every weight from memory once (SmolLM2: 540 MB in float32), and with 4 KiB pages the
     walk through the page tables is part of that (135,000 pages a step). Through every packed linear of SmolLM2 at one
     row, three runs each: float32 39.5 -> 33.9 ms, bfloat16 21.4 -> 17.7 ms. The kernel's default on most
     distributions is "madvise" (huge pages only where asked), and glibc asks only when told at the process's start:
-    a tunable, read once, so the process starts again (exec: the same pid, before the model loads)."""
-    if environ.get(HUGE_PAGES_ENV) == "0" or HUGE_PAGES_TUNABLE in environ.get("GLIBC_TUNABLES", ""):
+    a tunable, read once, so the process starts again (exec: the same pid, before the model loads). Its cost is the
+    start: the kernel zeroes (and may compact memory for) 2 MiB at a time, and a tiny model's engine was ready
+    1.2-2.3 s later, for nothing."""
+    if (weights < HUGE_PAGES_MIN_WEIGHTS or environ.get(HUGE_PAGES_ENV) == "0"
+            or HUGE_PAGES_TUNABLE in environ.get("GLIBC_TUNABLES", "")):
         return None
     lib, version = platform.libc_ver()
     if lib != "glibc" or tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) < (2, 35):

@@ -118,9 +118,11 @@ def test_what_another_thread_freed_goes_back_in_the_engine():
 
 
 def test_the_engine_asks_for_huge_pages_once_and_keeps_what_the_environment_says():
-    if heap.huge_pages_env({}) is None:
+    big = heap.HUGE_PAGES_MIN_WEIGHTS
+    if heap.huge_pages_env({}, big) is None:
         pytest.skip("not glibc >= 2.35, or transparent huge pages are 'never' here")
-    env = heap.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/h"})
+    env = heap.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/h"}, big)
     assert env == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{heap.HUGE_PAGES_TUNABLE}", "HOME": "/h"}
-    assert heap.huge_pages_env(env) is None  # the process started again with it: no second start
-    assert heap.huge_pages_env({heap.HUGE_PAGES_ENV: "0"}) is None
+    assert heap.huge_pages_env(env, big) is None  # the process started again with it: no second start
+    assert heap.huge_pages_env({heap.HUGE_PAGES_ENV: "0"}, big) is None
+    assert heap.huge_pages_env({}, big - 1) is None  # a small model: not worth the slower start
