@@ -51,6 +51,15 @@ def test_auto_device_and_dtype():
     assert pick_dtype("float16", Config(), torch.device("cpu")) is torch.float16
 
 
+def _host(monkeypatch, cpus: int, env: str | None) -> None:
+    """A host of `cpus` CPUs, with $OMP_NUM_THREADS = `env` (None: unset)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+
+
 @pytest.mark.parametrize(("cpus", "env", "ranks", "want"), [
     (8, None, 1, 7),  # one CPU left to the serving loop and a co-located preprocessor
     (8, None, 2, 3),  # the rest shared by the tensor-parallel ranks
@@ -63,11 +72,7 @@ def test_auto_device_and_dtype():
     (8, "0", 1, 7),
 ])
 def test_auto_torch_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    if env is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    _host(monkeypatch, cpus, env)
     assert auto_torch_threads(ranks, cpu_max=str(tmp_path / "none")) == want
 
 
@@ -79,11 +84,7 @@ def test_auto_torch_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
     (8, None, 2, None),  # tensor-parallel ranks keep their share
 ])
 def test_auto_compute_threads(monkeypatch, tmp_path, cpus, env, ranks, want):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    if env is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    _host(monkeypatch, cpus, env)
     assert auto_compute_threads(ranks, cpu_max=str(tmp_path / "none")) == want
 
 
