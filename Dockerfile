@@ -4,6 +4,8 @@ WORKDIR /app
 ENV PYTHONUNBUFFERED=1 SPLICE_CACHE=/cache
 # torch pinned; the default index gives a build that runs on CPU and CUDA alike. Set TORCH_INDEX to
 # PyTorch's CPU-only wheel index for a smaller CPU image.
+# gcc builds the engine's CPU kernels on the host at first use (engine/kernels/); without it torch's ops run instead
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=""
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}

@@ -8,16 +8,12 @@ or failed build leaves nothing half-written behind.
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
-def cache_dir() -> Path:
-    """$SPLICE_CACHE, else ~/.cache/splice."""
-    return Path(os.environ.get("SPLICE_CACHE", Path.home() / ".cache" / "splice"))
+from splice.cache_dir import cache_dir
 
 
 def cache_root() -> Path:

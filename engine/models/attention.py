@@ -7,6 +7,10 @@ masked prefill (left-padded rows, a chunk of a long prompt, Gemma 3's image bloc
 tests/engine/test_attention.py). Everything else is transformers' own function unchanged, and masks for it are
 built by transformers' own SDPA mask function (registered under the same name).
 
+One query position per row in bfloat16 on the CPU (a decode step) runs engine/kernels/decode_attention.c where it
+can be built, else decode_attention below (torch's ops); float32 keeps SDPA, whose numbers the tests hold solo and
+batched tokens to.
+
 A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/forwards.py
 `packed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
 queries attend their own slots' columns (one batched call, as a decode step does), and each prompt segment attends
@@ -22,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from engine.kernels import decode_attention as decode_kernel
 from engine.models.slot_cache import Packed
 
 NAME = "splice_sdpa"
@@ -40,7 +45,10 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     q = query.shape[2]
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None and not dropout
     if q == 1 and plain and query.device.type == "cpu" and query.dtype != torch.float32:
-        return decode_attention(query, key, value, attention_mask, scaling, groups), None
+        out = decode_kernel.attend(query, key, value, attention_mask, scaling, groups)
+        if out is None:  # a dtype, head size or mask the kernel does not serve, or no kernel on this host
+            out = decode_attention(query, key, value, attention_mask, scaling, groups)
+        return out, None
     if attention_mask is None or q == 1 or groups == 1 or not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -51,7 +59,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      scaling: float | None, groups: int) -> torch.Tensor:
-    """One query position per row in half precision on the CPU: query [rows, heads, 1, d], key/value [rows, kv_heads, T,
+    """One query position per row in half precision on the CPU, where the kernel does not serve (float16, a head
+    size not a multiple of 16, no compiler on the host): query [rows, heads, 1, d], key/value [rows, kv_heads, T,
     d] -> [rows, 1, heads, d], each query group against its own key/value head as two batched matrix products and a
     float32 softmax.
 
