@@ -35,9 +35,10 @@ INLINE __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
 }
 
-/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); very negative x, -inf included, give 0 */
+/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); x below -104 (exp(x) < 2^-150, so 0 in float32), -inf
+   included, gives exactly 0 */
 INLINE __m512 exp_neg(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

@@ -70,6 +70,15 @@ def test_a_row_with_no_column_to_attend_gives_zeros_and_the_others_are_unaffecte
 
 
 @needs_kernel
+def test_a_masked_column_weighs_nothing():
+    query, key, value, mask = _case(2, 1, 3, 64, 40)
+    mask[:, ..., 30:] = False
+    loud = value.clone()
+    loud[:, :, 30:] = 1e30  # behind the mask
+    assert torch.equal(kernel.attend(query, key, loud, mask, None, 3), kernel.attend(query, key, value, mask, None, 3))
+
+
+@needs_kernel
 def test_what_the_kernel_does_not_serve_goes_to_torchs_ops():
     query, key, value, mask = _case(2, 2, 3, 64, 10)
     additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
