@@ -101,10 +101,17 @@ def test_the_models_attention_function_runs_the_kernel_for_bfloat16_decode():
     assert torch.equal(got, kernel.attend(query, key, value, mask, None, 3))
 
 
-def test_the_build_is_made_once_per_host_and_reused(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty $SPLICE_CACHE, where gcc is there to build into it."""
     if build._compiler_version("gcc") is None:
         pytest.skip("no gcc here")
     monkeypatch.setenv("SPLICE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_build_is_made_once_per_host_and_reused(cache, caplog):
+    tmp_path = cache
     source = tmp_path / "twice.c"
     source.write_text("int splice_twice(int x) { return 2 * x; }\n")
     with caplog.at_level(logging.INFO, logger=build.__name__):
@@ -120,15 +127,12 @@ def test_the_build_is_made_once_per_host_and_reused(tmp_path, monkeypatch, caplo
     assert len(list((tmp_path / "kernels").iterdir())) == 2
 
 
-def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch, caplog):
-    if build._compiler_version("gcc") is None:
-        pytest.skip("no gcc here")
-    monkeypatch.setenv("SPLICE_CACHE", str(tmp_path))
-    source = tmp_path / "broken.c"
+def test_a_failed_build_leaves_nothing_and_says_why(cache, caplog):
+    source = cache / "broken.c"
     source.write_text("int splice_broken(int x) { return x +; }\n")
     with caplog.at_level(logging.WARNING, logger=build.__name__):
         assert build.library(source) is None
-    assert list((tmp_path / "kernels").iterdir()) == []
+    assert list((cache / "kernels").iterdir()) == []
     assert any("broken.c failed to compile" in r.getMessage() for r in caplog.records)
 
 
