@@ -17,7 +17,7 @@ import torch
 
 from engine.batch import Batch
 from engine.models import ModelFamily, Prompt, StepInputs
-from engine.models.attention import PACKED
+from engine.models.attention import PACKED, decode_step
 from engine.models.slot_cache import Segment, SlotKV
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def decode(f: ModelFamily, b: Batch, tokens: list[int],
     b.kv.plan_decode(rows)
     aside = f.cache.narrow(b.cache, rows)
     try:
-        with adapters(f, [(a, 1) for a in loras or ()]):
+        with adapters(f, [(a, 1) for a in loras or ()]), decode_step():
             hidden = hidden_states(f, f.lookup(ids), StepInputs(ids, mask, None, None),
                                    b.positions[None, :rows, None].expand(f.position_dims, -1, 1), b.cache)
     finally:

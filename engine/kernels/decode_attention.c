@@ -1,13 +1,15 @@
 /* One query position per row, bfloat16 keys and values read where they lie (the slot buffers), float32 arithmetic:
    the decode attention of engine/models/attention.py in one pass over each row's keys and values.
 
-   The numbers follow torch's CPU flash kernel (what transformers' SDPA runs in bfloat16): scores q.k in float32,
-   scaled, masked to -inf; e = exp(score - max) in float32; the sum of the e's in float32; the e's rounded to
-   bfloat16 for the product with the values, accumulated in float32; the output divided by the sum and rounded to
-   bfloat16 (round to nearest even).
+   The numbers follow torch's CPU flash kernel (what transformers' SDPA runs): scores q.k in float32, scaled, masked
+   to -inf; e = exp(score - max) in float32; the sum of the e's in float32; the output the e's product with the
+   values, accumulated in float32, divided by the sum; as that kernel does, the e's are rounded to bfloat16 for the
+   product with the values, and the output to bfloat16 (round to nearest even).
 
-   Compiled on the host at first use with -march=native (engine/kernels/build.py). Without AVX-512 the entry point
-   returns -1 and the caller takes torch's ops. */
+   Compiled on the host at first use with -march=native (engine/kernels/build.py): AVX-512 (with its BF16 dot
+   products where the CPU has them), else AVX2 with FMA (8 columns a block; its loads and stores take float32 elements too:
+   a float32 entry point measured ~2x torch's SDPA at 16 and 64 rows, but is not served, docs/engine.md says why). Without those the entry point returns -1 and the caller
+   takes torch's ops. */
 
 #include <math.h>
 #include <stdint.h>
@@ -68,12 +70,6 @@ INLINE __m512 sum16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88), _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
 }
 
-INLINE float dot(const __m512 *q, const uint16_t *k, int n) {
-    __m512 a = _mm512_mul_ps(q[0], load_bf16(k));
-    for (int i = 1; i < n; i++) a = _mm512_fmadd_ps(q[i], load_bf16(k + 16 * i), a);
-    return _mm512_reduce_add_ps(a);
-}
-
 #ifdef __AVX512BF16__
 INLINE uint32_t bits_bf16(float x) { uint32_t b; memcpy(&b, &x, 4); return b >> 16; } /* x already a bfloat16 value */
 
@@ -111,14 +107,17 @@ INLINE void attend(const uint16_t *q, const uint16_t *k, long k_st, const uint16
     for (int i = 0; i < n; i++) qv[i] = load_bf16(q + 16 * i);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 vmax = ninf;
-    long c = 0;
 #ifdef __AVX512BF16__
     __m512bh qp[8];  /* the query as pairs, for the BF16 dot-product instruction (products exact in float32) */
     for (int i = 0; 2 * i < n; i++) qp[i] = (__m512bh)_mm512_loadu_si512((const void *)(q + 32 * i));
 #endif
-    for (; c + 16 <= t; c += 16) {
+    /* full and last blocks of 16 columns the same way (the unused lanes zero, then -inf), so that a row's numbers
+       do not depend on how many columns a batch's widest row gives it */
+    for (long c = 0; c < t; c += 16) {
+        int cols = t - c < 16 ? (int)(t - c) : 16;
         __m512 a[16];
         for (int j = 0; j < 16; j++) {
+            if (j >= cols) { a[j] = _mm512_setzero_ps(); continue; }
             const uint16_t *kr = k + (c + j) * k_st;
 #ifdef __AVX512BF16__
             if (n % 2 == 0) {
@@ -134,36 +133,28 @@ INLINE void attend(const uint16_t *q, const uint16_t *k, long k_st, const uint16
             a[j] = x;
         }
         __m512 sc = _mm512_mul_ps(sum16(a), _mm512_set1_ps(scale));
-        if (mask) {
-            __mmask16 keep = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mask + c))),
-                                                    _mm512_set1_epi32(0xff));
-            sc = _mm512_mask_blend_ps(keep, ninf, sc);
+        __mmask16 keep = 0;
+        if (cols == 16) {
+            keep = mask ? _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mask + c))),
+                                                 _mm512_set1_epi32(0xff))
+                        : (__mmask16)0xffff;
+        } else {
+            for (int j = 0; j < cols; j++) keep |= (__mmask16)((!mask || mask[c + j]) << j);
         }
+        sc = _mm512_mask_blend_ps(keep, ninf, sc);
         _mm512_storeu_ps(s + c, sc);
         vmax = _mm512_max_ps(vmax, sc);
     }
     float m = _mm512_reduce_max_ps(vmax);
-    for (; c < t; c++) {
-        float x = (mask && !mask[c]) ? -INFINITY : dot(qv, k + c * k_st, n) * scale;
-        s[c] = x;
-        if (x > m) m = x;
-    }
     if (m == -INFINITY) { /* nothing to attend: zeros, where SDPA would give NaN */
         memset(out, 0, sizeof(uint16_t) * 16 * n);
         return;
     }
     __m512 vm = _mm512_set1_ps(m), vsum = _mm512_setzero_ps();
-    for (c = 0; c + 16 <= t; c += 16) {
+    for (long c = 0; c < t; c += 16) { /* the last block's unused lanes are -inf: 0 */
         __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm));
         vsum = _mm512_add_ps(vsum, e);
         _mm512_storeu_ps(s + c, round_bf16(e));
-    }
-    if (c < t) {
-        __mmask16 rest = (__mmask16)((1u << (t - c)) - 1);
-        __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(rest, s + c), vm));
-        e = _mm512_maskz_mov_ps(rest, e);
-        vsum = _mm512_add_ps(vsum, e);
-        _mm512_mask_storeu_ps(s + c, rest, round_bf16(e));
     }
     float sum = _mm512_reduce_add_ps(vsum);
 #ifdef __AVX512BF16__
@@ -173,7 +164,7 @@ INLINE void attend(const uint16_t *q, const uint16_t *k, long k_st, const uint16
 #endif
     {
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
-        for (c = 0; c < t; c++) {
+        for (long c = 0; c < t; c++) {
             const uint16_t *vr = v + c * v_st;
             __m512 w = _mm512_set1_ps(s[c]);
             for (int i = 0; i < n; i++) acc[i] = _mm512_fmadd_ps(w, load_bf16(vr + 16 * i), acc[i]);
@@ -196,30 +187,204 @@ INLINE void attend_all(const uint16_t *q, long q_sr, long q_sh, const uint16_t *
 }
 #endif
 
-/* query [rows, kv_heads * groups, d] (strides q_sr, q_sh; d contiguous), key/value [rows, kv_heads, >= t, d]
-   (strides *_sr, *_sh, *_st), mask [rows, >= t] bytes (stride m_sr; 0 = masked) or NULL, out [rows, kv_heads *
-   groups, d] contiguous. Returns 0, or -1 where this build or d is not served (d a multiple of 16 up to 256). */
-int splice_decode_attention_bf16(const uint16_t *q, long q_sr, long q_sh, const uint16_t *k, long k_sr, long k_sh,
-                                 long k_st, const uint16_t *v, long v_sr, long v_sh, long v_st, const uint8_t *mask,
-                                 long m_sr, uint16_t *out, long rows, long kv_heads, long groups, long d, long t,
-                                 float scale) {
-#ifdef __AVX512F__
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define INLINE8 static inline __attribute__((always_inline))
+
+/* 8 elements at p + i, float32 or (bf16) bfloat16, as float32 */
+INLINE8 __m256 load8(const void *p, long i, int bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* float32 -> bfloat16 bits in the upper half of each lane, round to nearest even (finite inputs) */
+INLINE8 __m256i bf16_bits8(__m256 x) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    return _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                            _mm256_set1_epi32((int)0xffff0000));
+}
+
+INLINE8 void store8(void *p, long i, __m256 x, int bf16) {
+    if (bf16) {
+        __m256i b = _mm256_srli_epi32(bf16_bits8(x), 16);
+        _mm_storeu_si128((__m128i *)((uint16_t *)p + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    } else {
+        _mm256_storeu_ps((float *)p + i, x);
+    }
+}
+
+/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); below -87 (exp(x) < 2^-125, which would be subnormal),
+   -inf included, exactly 0 */
+INLINE8 __m256 exp_neg8(__m256 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+/* lane j of the result: the sum of a[j]'s 8 lanes */
+INLINE8 __m256 sum8(const __m256 *a) {
+    __m256 c0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 c1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
+}
+
+INLINE8 float hsum8(__m256 a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* one query (n * 8 values) against columns [0, t) of one key/value head; s: t floats of scratch */
+INLINE8 void attend8(const void *q, const void *k, long k_st, const void *v, long v_st, const uint8_t *mask, void *out,
+                     float *s, long t, float scale, int n, int bf16) {
+    __m256 qv[32], acc[32];
+    for (int i = 0; i < n; i++) qv[i] = load8(q, 8 * i, bf16);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = ninf;
+    /* full and last blocks of 8 columns the same way (the unused lanes zero, then -inf), so that a row's numbers
+       do not depend on how many columns a batch's widest row gives it */
+    for (long c = 0; c < t; c += 8) {
+        int cols = t - c < 8 ? (int)(t - c) : 8;
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) {
+            if (j >= cols) { a[j] = _mm256_setzero_ps(); continue; }
+            long at = (c + j) * k_st;
+            __m256 x = _mm256_mul_ps(qv[0], load8(k, at, bf16));
+            for (int i = 1; i < n; i++) x = _mm256_fmadd_ps(qv[i], load8(k, at + 8 * i, bf16), x);
+            a[j] = x;
+        }
+        __m256 sc = _mm256_mul_ps(sum8(a), _mm256_set1_ps(scale));
+        __m256i keep;
+        if (cols == 8 && mask) {
+            keep = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mask + c)));
+        } else {
+            int32_t lanes[8];
+            for (int j = 0; j < 8; j++) lanes[j] = j < cols && (!mask || mask[c + j]);
+            keep = _mm256_loadu_si256((const __m256i *)lanes);
+        }
+        if (mask || cols < 8)
+            sc = _mm256_blendv_ps(sc, ninf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(keep, _mm256_setzero_si256())));
+        _mm256_storeu_ps(s + c, sc);
+        vmax = _mm256_max_ps(vmax, sc);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (m == -INFINITY) { /* nothing to attend: zeros, where SDPA would give NaN */
+        memset(out, 0, (size_t)(bf16 ? 2 : 4) * 8 * n);
+        return;
+    }
+    __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
+    for (long c = 0; c < t; c += 8) { /* the last block's unused lanes are -inf: 0 */
+        __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
+        vsum = _mm256_add_ps(vsum, e);
+        _mm256_storeu_ps(s + c, bf16 ? _mm256_castsi256_ps(bf16_bits8(e)) : e);
+    }
+    float sum = hsum8(vsum);
+    for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+    for (long c = 0; c < t; c++) {
+        __m256 w = _mm256_set1_ps(s[c]);
+        long at = c * v_st;
+        for (int i = 0; i < n; i++) acc[i] = _mm256_fmadd_ps(w, load8(v, at + 8 * i, bf16), acc[i]);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int i = 0; i < n; i++) store8(out, 8 * i, _mm256_mul_ps(acc[i], inv), bf16);
+}
+
+INLINE8 void attend8_all(const char *q, long q_sr, long q_sh, const char *k, long k_sr, long k_sh, long k_st,
+                         const char *v, long v_sr, long v_sh, long v_st, const uint8_t *mask, long m_sr, char *out,
+                         float *s, long rows, long kv_heads, long groups, long t, float scale, int n, int bf16) {
+    long size = bf16 ? 2 : 4; /* strides are in elements */
+    for (long r = 0; r < rows; r++)
+        for (long h = 0; h < kv_heads; h++)
+            for (long g = 0; g < groups; g++) {
+                long head = h * groups + g;
+                attend8(q + size * (r * q_sr + head * q_sh), k + size * (r * k_sr + h * k_sh), k_st,
+                        v + size * (r * v_sr + h * v_sh), v_st, mask ? mask + r * m_sr : NULL,
+                        out + size * (r * kv_heads * groups + head) * 8 * n, s, t, scale, n, bf16);
+            }
+}
+#endif
+
+/* t floats of this thread's scratch and the rest of a last block of 16, or NULL */
+static float *scratch_for(long t) {
     static __thread float *scratch = NULL;
     static __thread long capacity = 0;
-    if (d % 16 != 0 || d > 256 || t < 1) return -1;
+    t = (t + 15) / 16 * 16;
     if (t > capacity) {
         float *grown = realloc(scratch, sizeof(float) * (size_t)t);
-        if (!grown) return -1;
+        if (!grown) return NULL;
         scratch = grown;
         capacity = t;
     }
-#define CASE(N) case N: attend_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, scratch, \
+    return scratch;
+}
+
+/* query [rows, kv_heads * groups, d] (strides q_sr, q_sh; d contiguous), key/value [rows, kv_heads, >= t, d]
+   (strides *_sr, *_sh, *_st), mask [rows, >= t] bytes (stride m_sr; 0 = masked) or NULL, out [rows, kv_heads *
+   groups, d] contiguous; strides in elements. Returns 0, or -1 where this build or d is not served (d a multiple of
+   16 up to 256). */
+#define ARGS const void *q, long q_sr, long q_sh, const void *k, long k_sr, long k_sh, long k_st, const void *v, \
+             long v_sr, long v_sh, long v_st, const uint8_t *mask, long m_sr, void *out, long rows, long kv_heads, \
+             long groups, long d, long t, float scale
+#define PASS8(N, BF16) attend8_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, rows, \
+                                   kv_heads, groups, t, scale, N, BF16)
+
+/* the AVX2 path, d / 8 vectors a query: the usual head sizes unrolled, the others through the same code */
+#if defined(__AVX2__) && defined(__FMA__)
+static int attention8(ARGS, int bf16) {
+    float *s = scratch_for(t);
+    if (!s) return -1;
+    switch (d / 8) {
+        case 2: if (bf16) PASS8(2, 1); else PASS8(2, 0); return 0;
+        case 4: if (bf16) PASS8(4, 1); else PASS8(4, 0); return 0;
+        case 8: if (bf16) PASS8(8, 1); else PASS8(8, 0); return 0;
+        case 16: if (bf16) PASS8(16, 1); else PASS8(16, 0); return 0;
+        default: if (bf16) PASS8((int)(d / 8), 1); else PASS8((int)(d / 8), 0); return 0;
+    }
+}
+#endif
+
+int splice_decode_attention_bf16(ARGS) {
+    if (d % 16 != 0 || d > 256 || t < 1) return -1;
+#ifdef __AVX512F__
+    float *s = scratch_for(t);
+    if (!s) return -1;
+#define CASE(N) case N: attend_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, \
                                    rows, kv_heads, groups, t, scale, N); return 0;
     switch (d / 16) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
         CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
     }
 #undef CASE
+#elif defined(__AVX2__) && defined(__FMA__)
+    return attention8(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, rows, kv_heads,
+                      groups, d, t, scale, 1);
 #endif
     return -1;
+}
+
+/* 1 where this build serves bfloat16, 0 where its entry point returns -1 */
+int splice_decode_attention_serves(void) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    return 1;
+#endif
+    return 0;
 }

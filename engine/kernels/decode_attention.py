@@ -5,7 +5,9 @@ Why a kernel: torch's ops for it (two batched matrix products and a softmax, eng
 decode_attention) copy each row's keys and values out of the slot buffers and then run oneDNN products three query
 heads deep, which reach a third of this CPU's memory bandwidth; its SDPA (a flash kernel tiled for many queries) and
 flex_attention on the CPU cost 4x more at one position, and inductor's fused reduction no less. Measured on SmolLM2's
-shapes (30 layers, 320 columns, the buffers cold): 16 rows 21 -> 12 ms, 64 rows 90-99 -> 42 ms, 1 row 4-7 -> 1-1.8 ms.
+shapes (30 layers, 320 columns, the buffers cold), bfloat16 on AVX-512 BF16: 16 rows 21 -> 12 ms, 64 rows 90-99 -> 42
+ms, 1 row 4-7 -> 1-1.8 ms; on AVX2 (no BF16 units, where torch's bfloat16 products cost ~10x float32's): 16 rows 135 ->
+17 ms, 64 rows ~66 ms, 1 row 8 -> 1.8 ms.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ MAX_HEAD_DIM = 256  # head dims served: multiples of 16 up to this
 @functools.cache
 def _entry() -> ctypes._CFuncPtr | None:
     lib = library(SOURCE)
-    if lib is None:
-        return None
+    if lib is None or not lib.splice_decode_attention_serves():
+        return None  # no kernel on this host (no gcc, or neither AVX2 nor AVX-512)
     fn = lib.splice_decode_attention_bf16
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     fn.argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, ptr,

@@ -7,9 +7,12 @@ masked prefill (left-padded rows, a chunk of a long prompt, Gemma 3's image bloc
 tests/engine/test_attention.py). Everything else is transformers' own function unchanged, and masks for it are
 built by transformers' own SDPA mask function (registered under the same name).
 
-One query position per row in bfloat16 on the CPU (a decode step) runs engine/kernels/decode_attention.c where it
-can be built, else decode_attention below (torch's ops); float32 keeps SDPA, whose numbers the tests hold solo and
-batched tokens to.
+A decode step's attention on the CPU (one query position per row, inside `decode_step()`: engine/forwards.py's
+decode and a packed forward's decode rows) in bfloat16 runs engine/kernels/decode_attention.c where it can be
+built, else decode_attention below (torch's ops); float32 keeps SDPA, whose numbers the tests hold solo, batched and
+cached tokens to. A prompt's chunk of one
+position (a long prompt's last piece, the one position after a prefix-cache hit) keeps SDPA, as its other chunks do:
+the kernel sums in another order than SDPA, so a prompt's numbers would otherwise depend on how it was cut.
 
 A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/forwards.py
 `packed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
@@ -19,6 +22,9 @@ its slot causally (one call each, as a prefill chunk does), so every part comput
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -27,11 +33,24 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from engine.kernels import decode_attention as decode_kernel
+from engine.models.linear import native_half
 from engine.models.slot_cache import Packed
 
 NAME = "splice_sdpa"
 UPCAST_ROWS = 1  # half-precision decode at this many rows or fewer multiplies in float32 (decode_attention says why)
 PACKED = "splice_packed"  # the backbone keyword carrying a packed forward's Packed
+_decoding: ContextVar[bool] = ContextVar("splice_decoding", default=False)
+
+
+@contextmanager
+def decode_step() -> Iterator[None]:
+    """The forwards run inside are decode steps: one query position per row is a row's next token (the module's
+    docstring says why a prompt's one-position chunk is not)."""
+    token = _decoding.set(True)
+    try:
+        yield
+    finally:
+        _decoding.reset(token)
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -44,7 +63,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     groups = getattr(module, "num_key_value_groups", 1)
     q = query.shape[2]
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None and not dropout
-    if q == 1 and plain and query.device.type == "cpu" and query.dtype != torch.float32:
+    if q == 1 and plain and query.device.type == "cpu" and query.dtype != torch.float32 and _decoding.get():
         out = decode_kernel.attend(query, key, value, attention_mask, scaling, groups)
         if out is None:  # a dtype, head size or mask the kernel does not serve, or no kernel on this host
             out = decode_attention(query, key, value, attention_mask, scaling, groups)
@@ -59,14 +78,14 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      scaling: float | None, groups: int) -> torch.Tensor:
-    """One query position per row in half precision on the CPU, where the kernel does not serve (float16, a head
+    """One query position per row in half precision on the CPU where the kernel does not serve (float16, a head
     size not a multiple of 16, no compiler on the host): query [rows, heads, 1, d], key/value [rows, kv_heads, T,
     d] -> [rows, 1, heads, d], each query group against its own key/value head as two batched matrix products and a
     float32 softmax.
 
     Why not torch's SDPA: its CPU kernel is a flash kernel tiled for many query positions, and in bfloat16 at one
     position it costs a 16-row decode step of SmolLM2 5 ms per layer where these three ops cost 0.4 ms. In float32
-    both cost the same, and SDPA is kept (its numbers are the ones the tests hold solo and batched tokens to). On
+    both cost the same, and SDPA is kept where the kernel does not serve. On
     cuda, SDPA's own kernels serve decode well, and are kept.
 
     The keys and values are copied into one block first: the slot buffers hold each row's columns apart (a slot is
@@ -76,12 +95,14 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     At UPCAST_ROWS rows or fewer (one stream decoding) torch's bfloat16 products cost more in calls than in bytes:
     the same ops run in float32 on the values taken there (exactly: a bfloat16 value is a float32 one), the
     probabilities still rounded to bfloat16 first (SmolLM2, ~300 columns: 91 instead of 117 us a layer at one row;
-    at two rows both cost 140 us, and from three on the bfloat16 products win)."""
+    at two rows both cost 140 us, and from three on the bfloat16 products win). On a CPU without BF16 units every
+    row count does (torch's bfloat16 products there cost 4.5 ms a layer at 16 rows, ~10x float32's)."""
     rows, heads, _, d = query.shape
     kv_heads, t = key.shape[1], key.shape[2]
     if mask is not None:  # [rows, 1, 1, >= T]: boolean (True = attend) or additive
         mask = mask[..., :t]
-    work = torch.float32 if rows <= UPCAST_ROWS else query.dtype  # the products' dtype
+    work = torch.float32 if rows <= UPCAST_ROWS or not native_half(query.dtype) else query.dtype  # the products'
+
     q = query.to(work).reshape(rows * kv_heads, groups, d)  # head h reads key/value head h // groups, as repeat_kv
     keys = key.to(work).reshape(rows * kv_heads, t, d).contiguous()
     scores = torch.bmm(q, keys.transpose(1, 2)).float().view(rows, kv_heads, groups, t)
@@ -103,8 +124,9 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     n, width = packed.rows, packed.decode_width
     if n:
         rows = q[:, :n].transpose(0, 1)[:, :, None]  # [rows, heads, 1, d]
-        out, _ = grouped_sdpa(module, rows, key[:n, :, :width], value[:n, :, :width], packed.decode_mask,
-                              scaling=scaling, **kwargs)
+        with decode_step():
+            out, _ = grouped_sdpa(module, rows, key[:n, :, :width], value[:n, :, :width], packed.decode_mask,
+                                  scaling=scaling, **kwargs)
         outs.append(out[:, 0])  # [rows, heads, d]
     at = n
     for s, mask in zip(packed.segments, packed.segment_masks, strict=True):

@@ -11,6 +11,13 @@ packing: the weight is used as it is. Elsewhere (no oneDNN, another dtype) F.lin
 
 Numerics: oneDNN's kernels sum in another order than MKL's (float32: within ~1e-5 relative), so logits are not bit-
 identical to transformers' modules on the CPU; greedy tokens equal HF's generate (tests/engine/test_families.py).
+bfloat16 on a CPU without BF16 units (AVX2 only, or AVX-512 without its BF16 extension): oneDNN has no bfloat16
+kernel there and torch's fallback costs ~10x the float32 product (64 rows x 576 -> 1536: 13.9 vs 1.4 ms, one thread,
+AVX2). The weight is packed as float32 instead, its exact values (a bfloat16 value is a float32 one), and each product
+takes the bfloat16 input widened and rounds its float32 sums back to bfloat16: the products of two bfloat16 values
+are exact in float32, so this is the arithmetic of a bfloat16 GEMM that accumulates in float32 (torch's and
+oneDNN's), summed in another order. The weight then takes twice the memory.
+
 `SPLICE_PACKED_LINEAR=0` turns packing off (F.linear everywhere, bit-identical to transformers' modules), for
 comparisons (tests/engine/test_lean_llama.py, bench/lean_forward.py).
 
@@ -45,12 +52,22 @@ def packing_enabled() -> bool:
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """A 2-D CPU weight oneDNN multiplies packed: float32 anywhere it runs, bfloat16 where the CPU has BF16 units."""
+    """A 2-D CPU weight oneDNN multiplies packed: float32, or bfloat16 (as float32 where the CPU has no BF16 units)."""
     if not packing_enabled() or weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in PACKED_DTYPES:
         return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    return weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.backends.mkldnn.is_available()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16, AMX, Arm's BF16): oneDNN's own test."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def native_half(dtype: torch.dtype) -> bool:
+    """Whether this CPU multiplies `dtype` (bfloat16 or float16) in hardware, as oneDNN tests it."""
+    if dtype == torch.bfloat16:
+        return native_bf16()
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 def bound_primitive_caches() -> None:
@@ -67,19 +84,29 @@ class Linear:
         self.weight = weight.detach()  # kept: the fallback, and what callers read the shape and dtype of
         self.bias = bias.detach() if bias is not None else None
         bound_primitive_caches()
-        self.packed = (torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS)
-                       if can_pack(self.weight) else None)
+        self.packed = self.packed_bias = None
+        # bfloat16 multiplied as float32 where the CPU has no BF16 units (the module's docstring says why)
+        self.widened = self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu" and not native_bf16()
+        if can_pack(self.weight):
+            work = self.weight.float() if self.widened else self.weight
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(work, PACK_ROWS)
+            self.packed_bias = self.bias.to(work.dtype) if self.bias is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if self.widened:
+            return self._product(x.float()).to(x.dtype)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         wide = _product_threads
         if wide is None or (usual := torch.get_num_threads()) >= wide:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
         torch.set_num_threads(wide)
         try:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
         finally:
             torch.set_num_threads(usual)
 

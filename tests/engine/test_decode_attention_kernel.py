@@ -1,5 +1,6 @@
 """engine/kernels/decode_attention.c: a bfloat16 decode step's attention read from slot-buffer views equals float32
 attention on the same values (to bfloat16's rounding), whatever the head size, group count, column count or mask;
+a prompt's one-position chunk keeps SDPA;
 what it does not serve goes back to torch's ops; the build is cached per host and a failed one leaves nothing."""
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from engine.kernels import build
 from engine.kernels import decode_attention as kernel
-from engine.models.attention import grouped_sdpa
+from engine.models.attention import decode_step, grouped_sdpa
 
-needs_kernel = pytest.mark.skipif(not kernel.prepare(), reason="the kernel cannot be built here (gcc, AVX-512)")
+needs_kernel = pytest.mark.skipif(not kernel.prepare(), reason="the kernel cannot be built here (gcc, AVX2 or AVX-512)")
+# within bfloat16's rounding of the output (and of the probabilities, as torch's flash kernel rounds them)
+TOLERANCE = {"atol": 1e-2, "rtol": 1e-2}
 
 
 def _case(rows: int, kv_heads: int, groups: int, d: int, t: int, seed: int = 0):
@@ -40,14 +44,13 @@ def _float32_attention(query, key, value, mask, scaling=None):
 @needs_kernel
 @pytest.mark.parametrize("d", [16, 48, 64, 128])  # 48: an odd count of 16-wide pieces takes the float32 products
 @pytest.mark.parametrize("groups", [1, 3])
-@pytest.mark.parametrize("t", [1, 7, 16, 33, 300])  # below, at and past the 16-column blocks, odd and even
+@pytest.mark.parametrize("t", [1, 7, 16, 33, 300])  # below, at and past the 8- and 16-column blocks, odd and even
 def test_the_kernel_equals_float32_attention_on_slot_buffer_views(d, groups, t):
     for rows in (1, 5):
         query, key, value, mask = _case(rows, 2, groups, d, t)
         got = kernel.attend(query, key, value, mask, None, groups)
         assert got is not None and got.dtype == torch.bfloat16 and got.shape == (rows, 1, 2 * groups, d)
-        # within bfloat16's rounding of the output (and of the probabilities, as torch's flash kernel rounds them)
-        torch.testing.assert_close(got.float(), _float32_attention(query, key, value, mask), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(got.float(), _float32_attention(query, key, value, mask), **TOLERANCE)
 
 
 @needs_kernel
@@ -66,7 +69,7 @@ def test_a_row_with_no_column_to_attend_gives_zeros_and_the_others_are_unaffecte
     assert torch.equal(got[1].float(), torch.zeros(1, 2, 64))
     keep = [0, 2]
     torch.testing.assert_close(got[keep].float(), _float32_attention(query[keep], key[keep], value[keep], mask[keep]),
-                               atol=1e-2, rtol=1e-2)
+                               **TOLERANCE)
 
 
 @needs_kernel
@@ -89,7 +92,8 @@ def test_what_the_kernel_does_not_serve_goes_to_torchs_ops():
     assert kernel.attend(q20, k20, v20, m20, None, 3) is None  # head size not a multiple of 16
     # and the attention function the models run gives the same as torch's ops there
     module = type("M", (), {"num_key_value_groups": 3})()
-    got, _ = grouped_sdpa(module, q20, k20, v20, m20)
+    with decode_step():
+        got, _ = grouped_sdpa(module, q20, k20, v20, m20)
     torch.testing.assert_close(got.float(), _float32_attention(q20, k20, v20, m20), atol=2e-2, rtol=2e-2)
 
 
@@ -97,8 +101,25 @@ def test_what_the_kernel_does_not_serve_goes_to_torchs_ops():
 def test_the_models_attention_function_runs_the_kernel_for_bfloat16_decode():
     query, key, value, mask = _case(4, 3, 3, 64, 50)
     module = type("M", (), {"num_key_value_groups": 3})()
-    got, _ = grouped_sdpa(module, query, key, value, mask)
+    with decode_step():
+        got, _ = grouped_sdpa(module, query, key, value, mask)
     assert torch.equal(got, kernel.attend(query, key, value, mask, None, 3))
+
+
+def test_a_prompts_one_position_chunk_takes_sdpa_as_its_other_chunks():
+    """Outside a decode step one query position is a prompt's chunk (its last piece, or what follows a prefix-cache
+    hit) and takes SDPA, as the prompt's longer chunks do; inside one, the kernel."""
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 6, 1, 64, generator=g).bfloat16()
+    key, value = (torch.randn(2, 2, 9, 64, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    module = type("M", (), {"num_key_value_groups": 3})()
+    chunk, _ = grouped_sdpa(module, query, key, value, mask)
+    assert torch.equal(chunk, sdpa_attention_forward(module, query, key, value, mask)[0])
+    if kernel.prepare():
+        with decode_step():
+            step, _ = grouped_sdpa(module, query, key, value, mask)
+        assert torch.equal(step, kernel.attend(query, key, value, mask, None, 3))
 
 
 @pytest.fixture

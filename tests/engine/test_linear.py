@@ -1,7 +1,7 @@
-"""engine/models/linear.py: a weight packed once for oneDNN multiplies as F.linear does (float32 and, where the CPU has
-BF16 units, bfloat16), with and without a bias, for any leading shape; SPLICE_PACKED_LINEAR=0 keeps F.linear; the
-served text stacks and vocabulary projections run packed; and what oneDNN keeps of the row counts it has multiplied
-stops growing (its primitive caches bounded)."""
+"""engine/models/linear.py: a weight packed once for oneDNN multiplies as F.linear does (float32 and bfloat16;
+bfloat16 as float32 sums of its exact values where the CPU has no BF16 units), with and without a bias, for any
+leading shape; SPLICE_PACKED_LINEAR=0 keeps F.linear; the served text stacks and vocabulary projections run packed;
+and what oneDNN keeps of the row counts it has multiplied stops growing (its primitive caches bounded)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import torch.nn.functional as F
 
 from engine.config import EngineConfig
 from engine.loader import load
+from engine.models import linear
 from engine.models.attention import decode_attention
 from engine.models.linear import PRIMITIVE_CACHES, Linear, bound_primitive_caches, can_pack
 from splice import heap
 
-DTYPES = [torch.float32, *([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])]
+DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -35,6 +36,29 @@ def test_packed_equals_f_linear(dtype, bias):
         x = torch.randn(*shape, generator=g).to(dtype)
         tol = {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}
         torch.testing.assert_close(lin(x), F.linear(x, w, b), **tol)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_is_its_exact_sums_rounded_once(monkeypatch, native, bias):
+    """bfloat16 products accumulate in float32 whether the CPU has BF16 units or not (then the weight is packed as
+    float32): each output is the exact sum (float64 here) rounded to bfloat16, give or take the last bit."""
+    if native and not linear.native_bf16():
+        pytest.skip("no BF16 units on this CPU")
+    monkeypatch.setattr(linear, "native_bf16", lambda: native)
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 200, generator=g).bfloat16()
+    b = torch.randn(64, generator=g).bfloat16() if bias else None
+    lin = Linear(w, b)
+    assert lin.widened is not native and lin.packed is not None
+    assert lin.packed.dtype == (torch.bfloat16 if native else torch.float32)
+    x = torch.randn(2, 9, 200, generator=g).bfloat16()
+    got = lin(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 9, 64)
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    # one rounding of the exact sum: half a unit in the last place (2^-9 relative); another order of float32 sums
+    # moves a value by ~1e-5 here, and so its rounding by up to one unit
+    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
 
 
 def test_packing_off_is_f_linear_itself(monkeypatch):
