@@ -10,9 +10,9 @@ built by transformers' own SDPA mask function (registered under the same name).
 A decode step's attention on the CPU (one query position per row, inside `decode_step()`: engine/forwards.py's
 decode and a packed forward's decode rows) in bfloat16 runs engine/kernels/decode_attention.c where it can be
 built, else decode_attention below (torch's ops); float32 keeps SDPA, whose numbers the tests hold solo, batched and
-cached tokens to. A prompt's chunk of one
-position (a long prompt's last piece, the one position after a prefix-cache hit) keeps SDPA, as its other chunks do:
-the kernel sums in another order than SDPA, so a prompt's numbers would otherwise depend on how it was cut.
+cached tokens to. A prompt's chunk of one position (a long prompt's last piece, the one position after a
+prefix-cache hit) keeps SDPA, as its other chunks do: the kernel sums in another order than SDPA, so a prompt's
+numbers would otherwise depend on how it was cut.
 
 A packed forward (a mixed step's decode tokens and prompt positions as one row of N tokens, engine/forwards.py
 `packed`) passes its split as the keyword PACKED, which transformers hands down to every attention call: the decode
@@ -85,8 +85,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     Why not torch's SDPA: its CPU kernel is a flash kernel tiled for many query positions, and in bfloat16 at one
     position it costs a 16-row decode step of SmolLM2 5 ms per layer where these three ops cost 0.4 ms. In float32
-    both cost the same, and SDPA is kept where the kernel does not serve. On
-    cuda, SDPA's own kernels serve decode well, and are kept.
+    both cost the same, and SDPA is kept. On cuda, SDPA's own kernels serve decode well, and are kept.
 
     The keys and values are copied into one block first: the slot buffers hold each row's columns apart (a slot is
     max_model_len columns wide), and torch's bfloat16 batched product copies batches that are apart itself, the keys
@@ -101,8 +100,8 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     kv_heads, t = key.shape[1], key.shape[2]
     if mask is not None:  # [rows, 1, 1, >= T]: boolean (True = attend) or additive
         mask = mask[..., :t]
-    work = torch.float32 if rows <= UPCAST_ROWS or not native_half(query.dtype) else query.dtype  # the products'
-
+    # the products' dtype
+    work = torch.float32 if rows <= UPCAST_ROWS or not native_half(query.dtype) else query.dtype
     q = query.to(work).reshape(rows * kv_heads, groups, d)  # head h reads key/value head h // groups, as repeat_kv
     keys = key.to(work).reshape(rows * kv_heads, t, d).contiguous()
     scores = torch.bmm(q, keys.transpose(1, 2)).float().view(rows, kv_heads, groups, t)
