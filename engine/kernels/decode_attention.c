@@ -7,14 +7,25 @@
    product with the values, and the output to bfloat16 (round to nearest even).
 
    Compiled on the host at first use with -march=native (engine/kernels/build.py): AVX-512 (with its BF16 dot
-   products where the CPU has them), else AVX2 with FMA (8 columns a block; its loads and stores take float32 elements too:
-   a float32 entry point measured ~2x torch's SDPA at 16 and 64 rows, but is not served, docs/engine.md says why). Without those the entry point returns -1 and the caller
-   takes torch's ops. */
+   products where the CPU has them), else AVX2 with FMA (8 columns a block, float32 FMAs). Without those the entry
+   point returns -1 and the caller takes torch's ops. */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* exp(x) = 2^n * e^r, n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' expf polynomial
+   (~1 ulp): both vector widths below evaluate these */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -37,20 +48,20 @@ INLINE __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
 }
 
-/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); x below -104 (exp(x) < 2^-150, so 0 in float32), -inf
+/* exp(x) for x <= 0; x below -104 (exp(x) < 2^-150, so 0 in float32), -inf
    included, gives exactly 0 */
 INLINE __m512 exp_neg(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(y, n);
 }
@@ -192,12 +203,9 @@ INLINE void attend_all(const uint16_t *q, long q_sr, long q_sh, const uint16_t *
 
 #define INLINE8 static inline __attribute__((always_inline))
 
-/* 8 elements at p + i, float32 or (bf16) bfloat16, as float32 */
-INLINE8 __m256 load8(const void *p, long i, int bf16) {
-    if (bf16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
-    return _mm256_loadu_ps((const float *)p + i);
+/* 8 bfloat16 values as float32 */
+INLINE8 __m256 load8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* float32 -> bfloat16 bits in the upper half of each lane, round to nearest even (finite inputs) */
@@ -208,31 +216,27 @@ INLINE8 __m256i bf16_bits8(__m256 x) {
                             _mm256_set1_epi32((int)0xffff0000));
 }
 
-INLINE8 void store8(void *p, long i, __m256 x, int bf16) {
-    if (bf16) {
-        __m256i b = _mm256_srli_epi32(bf16_bits8(x), 16);
-        _mm_storeu_si128((__m128i *)((uint16_t *)p + i),
-                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
-    } else {
-        _mm256_storeu_ps((float *)p + i, x);
-    }
+/* 8 float32 values rounded to bfloat16 at p */
+INLINE8 void store8(uint16_t *p, __m256 x) {
+    __m256i b = _mm256_srli_epi32(bf16_bits8(x), 16);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
-/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); below -87 (exp(x) < 2^-125, which would be subnormal),
+/* exp(x) for x <= 0; below -87 (exp(x) < 2^-125, which would be subnormal),
    -inf included, exactly 0 */
 INLINE8 __m256 exp_neg8(__m256 x) {
     __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
     __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
@@ -252,10 +256,10 @@ INLINE8 float hsum8(__m256 a) {
 }
 
 /* one query (n * 8 values) against columns [0, t) of one key/value head; s: t floats of scratch */
-INLINE8 void attend8(const void *q, const void *k, long k_st, const void *v, long v_st, const uint8_t *mask, void *out,
-                     float *s, long t, float scale, int n, int bf16) {
+INLINE8 void attend8(const uint16_t *q, const uint16_t *k, long k_st, const uint16_t *v, long v_st,
+                     const uint8_t *mask, uint16_t *out, float *s, long t, float scale, int n) {
     __m256 qv[32], acc[32];
-    for (int i = 0; i < n; i++) qv[i] = load8(q, 8 * i, bf16);
+    for (int i = 0; i < n; i++) qv[i] = load8(q + 8 * i);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax = ninf;
     /* full and last blocks of 8 columns the same way (the unused lanes zero, then -inf), so that a row's numbers
@@ -265,9 +269,9 @@ INLINE8 void attend8(const void *q, const void *k, long k_st, const void *v, lon
         __m256 a[8];
         for (int j = 0; j < 8; j++) {
             if (j >= cols) { a[j] = _mm256_setzero_ps(); continue; }
-            long at = (c + j) * k_st;
-            __m256 x = _mm256_mul_ps(qv[0], load8(k, at, bf16));
-            for (int i = 1; i < n; i++) x = _mm256_fmadd_ps(qv[i], load8(k, at + 8 * i, bf16), x);
+            const uint16_t *kr = k + (c + j) * k_st;
+            __m256 x = _mm256_mul_ps(qv[0], load8(kr));
+            for (int i = 1; i < n; i++) x = _mm256_fmadd_ps(qv[i], load8(kr + 8 * i), x);
             a[j] = x;
         }
         __m256 sc = _mm256_mul_ps(sum8(a), _mm256_set1_ps(scale));
@@ -288,41 +292,40 @@ INLINE8 void attend8(const void *q, const void *k, long k_st, const void *v, lon
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     if (m == -INFINITY) { /* nothing to attend: zeros, where SDPA would give NaN */
-        memset(out, 0, (size_t)(bf16 ? 2 : 4) * 8 * n);
+        memset(out, 0, sizeof(uint16_t) * 8 * n);
         return;
     }
     __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
     for (long c = 0; c < t; c += 8) { /* the last block's unused lanes are -inf: 0 */
         __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
         vsum = _mm256_add_ps(vsum, e);
-        _mm256_storeu_ps(s + c, bf16 ? _mm256_castsi256_ps(bf16_bits8(e)) : e);
+        _mm256_storeu_ps(s + c, _mm256_castsi256_ps(bf16_bits8(e)));
     }
     float sum = hsum8(vsum);
     for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
     for (long c = 0; c < t; c++) {
         __m256 w = _mm256_set1_ps(s[c]);
-        long at = c * v_st;
-        for (int i = 0; i < n; i++) acc[i] = _mm256_fmadd_ps(w, load8(v, at + 8 * i, bf16), acc[i]);
+        const uint16_t *vr = v + c * v_st;
+        for (int i = 0; i < n; i++) acc[i] = _mm256_fmadd_ps(w, load8(vr + 8 * i), acc[i]);
     }
     __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (int i = 0; i < n; i++) store8(out, 8 * i, _mm256_mul_ps(acc[i], inv), bf16);
+    for (int i = 0; i < n; i++) store8(out + 8 * i, _mm256_mul_ps(acc[i], inv));
 }
 
-INLINE8 void attend8_all(const char *q, long q_sr, long q_sh, const char *k, long k_sr, long k_sh, long k_st,
-                         const char *v, long v_sr, long v_sh, long v_st, const uint8_t *mask, long m_sr, char *out,
-                         float *s, long rows, long kv_heads, long groups, long t, float scale, int n, int bf16) {
-    long size = bf16 ? 2 : 4; /* strides are in elements */
+INLINE8 void attend8_all(const uint16_t *q, long q_sr, long q_sh, const uint16_t *k, long k_sr, long k_sh, long k_st,
+                         const uint16_t *v, long v_sr, long v_sh, long v_st, const uint8_t *mask, long m_sr,
+                         uint16_t *out, float *s, long rows, long kv_heads, long groups, long t, float scale, int n) {
     for (long r = 0; r < rows; r++)
         for (long h = 0; h < kv_heads; h++)
             for (long g = 0; g < groups; g++) {
                 long head = h * groups + g;
-                attend8(q + size * (r * q_sr + head * q_sh), k + size * (r * k_sr + h * k_sh), k_st,
-                        v + size * (r * v_sr + h * v_sh), v_st, mask ? mask + r * m_sr : NULL,
-                        out + size * (r * kv_heads * groups + head) * 8 * n, s, t, scale, n, bf16);
+                attend8(q + r * q_sr + head * q_sh, k + r * k_sr + h * k_sh, k_st, v + r * v_sr + h * v_sh, v_st,
+                        mask ? mask + r * m_sr : NULL, out + (r * kv_heads * groups + head) * 8 * n, s, t, scale, n);
             }
 }
 #endif
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 /* t floats of this thread's scratch and the rest of a last block of 16, or NULL */
 static float *scratch_for(long t) {
     static __thread float *scratch = NULL;
@@ -336,37 +339,22 @@ static float *scratch_for(long t) {
     }
     return scratch;
 }
+#endif
 
 /* query [rows, kv_heads * groups, d] (strides q_sr, q_sh; d contiguous), key/value [rows, kv_heads, >= t, d]
    (strides *_sr, *_sh, *_st), mask [rows, >= t] bytes (stride m_sr; 0 = masked) or NULL, out [rows, kv_heads *
    groups, d] contiguous; strides in elements. Returns 0, or -1 where this build or d is not served (d a multiple of
    16 up to 256). */
-#define ARGS const void *q, long q_sr, long q_sh, const void *k, long k_sr, long k_sh, long k_st, const void *v, \
-             long v_sr, long v_sh, long v_st, const uint8_t *mask, long m_sr, void *out, long rows, long kv_heads, \
-             long groups, long d, long t, float scale
-#define PASS8(N, BF16) attend8_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, rows, \
-                                   kv_heads, groups, t, scale, N, BF16)
-
-/* the AVX2 path, d / 8 vectors a query: the usual head sizes unrolled, the others through the same code */
-#if defined(__AVX2__) && defined(__FMA__)
-static int attention8(ARGS, int bf16) {
-    float *s = scratch_for(t);
-    if (!s) return -1;
-    switch (d / 8) {
-        case 2: if (bf16) PASS8(2, 1); else PASS8(2, 0); return 0;
-        case 4: if (bf16) PASS8(4, 1); else PASS8(4, 0); return 0;
-        case 8: if (bf16) PASS8(8, 1); else PASS8(8, 0); return 0;
-        case 16: if (bf16) PASS8(16, 1); else PASS8(16, 0); return 0;
-        default: if (bf16) PASS8((int)(d / 8), 1); else PASS8((int)(d / 8), 0); return 0;
-    }
-}
-#endif
-
-int splice_decode_attention_bf16(ARGS) {
+int splice_decode_attention_bf16(const uint16_t *q, long q_sr, long q_sh, const uint16_t *k, long k_sr, long k_sh,
+                                 long k_st, const uint16_t *v, long v_sr, long v_sh, long v_st, const uint8_t *mask,
+                                 long m_sr, uint16_t *out, long rows, long kv_heads, long groups, long d, long t,
+                                 float scale) {
     if (d % 16 != 0 || d > 256 || t < 1) return -1;
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     float *s = scratch_for(t);
     if (!s) return -1;
+#endif
+#ifdef __AVX512F__
 #define CASE(N) case N: attend_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, \
                                    rows, kv_heads, groups, t, scale, N); return 0;
     switch (d / 16) {
@@ -375,8 +363,15 @@ int splice_decode_attention_bf16(ARGS) {
     }
 #undef CASE
 #elif defined(__AVX2__) && defined(__FMA__)
-    return attention8(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, rows, kv_heads,
-                      groups, d, t, scale, 1);
+    /* d / 8 vectors a query: the usual head sizes unrolled, the others through the same code */
+#define CASE(N) case N: attend8_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, \
+                                    rows, kv_heads, groups, t, scale, N); return 0;
+    switch (d / 8) {
+        CASE(2) CASE(4) CASE(8) CASE(16)
+        default: attend8_all(q, q_sr, q_sh, k, k_sr, k_sh, k_st, v, v_sr, v_sh, v_st, mask, m_sr, out, s, rows,
+                             kv_heads, groups, t, scale, (int)(d / 8)); return 0;
+    }
+#undef CASE
 #endif
     return -1;
 }
