@@ -89,6 +89,7 @@ class Serving:
                                                            f"prompt's {chars} characters, the vocabulary's tokens)"))
 
 
-def app_serving(request: Request) -> Serving:
-    """A route's dependency: `serving: Annotated[Serving, Depends(app_serving)]`."""
+async def app_serving(request: Request) -> Serving:
+    """A route's dependency: `serving: Annotated[Serving, Depends(app_serving)]`. A coroutine, so FastAPI runs it on
+    the loop: it would run a plain function in a worker thread, a hand-off to and from it for every request."""
     return request.app.state.serving
