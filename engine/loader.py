@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig
 from engine.encoder_cache import EncoderCache
 from engine.kernels import decode_attention as decode_kernel
+from engine.kernels import small_rows
 from engine.lora import Target, attach
 from engine.models import ModelFamily, family_for
 from engine.simulate import simulated
@@ -107,6 +108,7 @@ def load(cfg: EngineConfig) -> LoadedModel:
     model = family_cls.load_model(path, config, dtype, **pretrained).to(device).eval()
     if device.type == "cpu" and dtype == torch.bfloat16:
         decode_kernel.prepare()  # compiled here once per host, not in the first request
+        small_rows.prepare()
     family = family_cls(model, device, dtype)
     impl = family.select_impl(cfg.model_impl, tensor_parallel=cfg.tensor_parallel_size > 1)
     log.info("text stack: %s (--model-impl %s)", impl, cfg.model_impl)

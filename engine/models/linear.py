@@ -16,7 +16,10 @@ kernel there and torch's fallback costs ~10x the float32 product (64 rows x 576 
 AVX2). The weight is packed as float32 instead, its exact values (a bfloat16 value is a float32 one), and each product
 takes the bfloat16 input widened and rounds its float32 sums back to bfloat16: the products of two bfloat16 values
 are exact in float32, so this is the arithmetic of a bfloat16 GEMM that accumulates in float32 (torch's and
-oneDNN's), summed in another order. The weight then takes twice the memory.
+oneDNN's), summed in another order. The weight then takes twice the memory, and a step of one row, bound by memory,
+streams twice the bytes: one or two rows are multiplied instead by a kernel that reads a bfloat16 copy of the weight
+(engine/kernels/small_rows.py) and sums exactly as oneDNN's float32 product does (bit for bit), so the weight is
+held three times over (bfloat16, its float32 copy, the kernel's copy: 8 bytes a parameter).
 
 `SPLICE_PACKED_LINEAR=0` turns packing off (F.linear everywhere, bit-identical to transformers' modules), for
 comparisons (tests/engine/test_lean_llama.py, bench/lean_forward.py).
@@ -39,6 +42,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from engine.kernels import small_rows
 
 # The batch size oneDNN's packed layout is chosen for; vLLM's CPU path uses 32 (its layout serves every row count).
 PACK_ROWS = 32
@@ -87,17 +92,25 @@ class Linear:
         self.packed = self.packed_bias = None
         # bfloat16 multiplied as float32 where the CPU has no BF16 units (the module's docstring says why)
         self.widened = self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu" and not native_bf16()
+        self.blocked = None  # the bfloat16 weight as engine/kernels/small_rows.py reads it (widened only)
         if can_pack(self.weight):
             work = self.weight.float() if self.widened else self.weight
             self.packed = torch.ops.mkldnn._reorder_linear_weight(work, PACK_ROWS)
             self.packed_bias = self.bias.to(work.dtype) if self.bias is not None else None
+            if self.widened:
+                self.blocked = small_rows.blocked(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         if self.widened:
-            return self._product(x.float()).to(x.dtype)
+            wide = x.float()
+            if self.blocked is not None:  # one or two rows: the bfloat16 weight read (half the bytes)
+                few = small_rows.product(wide.reshape(-1, wide.shape[-1]), self.blocked, self.packed_bias)
+                if few is not None:
+                    return few.reshape(*x.shape[:-1], few.shape[-1]).to(x.dtype)
+            return self._product(wide).to(x.dtype)
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,11 @@ def test_packed_equals_f_linear(dtype, bias):
 
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
-def test_bfloat16_is_its_exact_sums_rounded_once(monkeypatch, native, bias):
+@pytest.mark.parametrize("rows", [(2, 9), (1, 1), (2, 1)])
+def test_bfloat16_is_its_exact_sums_rounded_once(monkeypatch, native, bias, rows):
     """bfloat16 products accumulate in float32 whether the CPU has BF16 units or not (then the weight is packed as
-    float32): each output is the exact sum (float64 here) rounded to bfloat16, give or take the last bit."""
+    float32, and one or two rows read the bfloat16 weight through engine/kernels/small_rows.py): each output is the
+    exact sum (float64 here) rounded to bfloat16, give or take the last bit."""
     if native and not linear.native_bf16():
         pytest.skip("no BF16 units on this CPU")
     monkeypatch.setattr(linear, "native_bf16", lambda: native)
@@ -52,9 +54,9 @@ def test_bfloat16_is_its_exact_sums_rounded_once(monkeypatch, native, bias):
     lin = Linear(w, b)
     assert lin.widened is not native and lin.packed is not None
     assert lin.packed.dtype == (torch.bfloat16 if native else torch.float32)
-    x = torch.randn(2, 9, 200, generator=g).bfloat16()
+    x = torch.randn(*rows, 200, generator=g).bfloat16()
     got = lin(x)
-    assert got.dtype == torch.bfloat16 and got.shape == (2, 9, 64)
+    assert got.dtype == torch.bfloat16 and got.shape == (*rows, 64)
     exact = F.linear(x.double(), w.double(), None if b is None else b.double())
     # one rounding of the exact sum: half a unit in the last place (2^-9 relative); another order of float32 sums
     # moves a value by ~1e-5 here, and so its rounding by up to one unit
