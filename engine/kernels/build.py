@@ -87,3 +87,15 @@ def library(source: Path, cc: str = "gcc") -> ctypes.CDLL | None:
     except OSError as e:
         log.warning("%s could not be loaded (%s), torch's ops run instead", out, e)
         return None
+
+
+def function(source: Path, name: str, argtypes: list, serves: str) -> ctypes._CFuncPtr | None:
+    """`name` of the compiled `source`, typed (its arguments `argtypes`, an int status back); None where the library
+    is not built or its `serves()` says this build has no path for this CPU."""
+    lib = library(source)
+    if lib is None or not getattr(lib, serves)():
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn

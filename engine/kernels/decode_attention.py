@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels.build import library
+from engine.kernels.build import function
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 MAX_HEAD_DIM = 256  # head dims served: multiples of 16 up to this
@@ -26,15 +26,11 @@ MAX_HEAD_DIM = 256  # head dims served: multiples of 16 up to this
 
 @functools.cache
 def _entry() -> ctypes._CFuncPtr | None:
-    lib = library(SOURCE)
-    if lib is None or not lib.splice_decode_attention_serves():
-        return None  # no kernel on this host (no gcc, or neither AVX2 nor AVX-512)
-    fn = lib.splice_decode_attention_bf16
+    """None: no kernel on this host (no gcc, or neither AVX2 nor AVX-512)."""
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
-    fn.argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, ptr,
-                   c_long, c_long, c_long, c_long, c_long, ctypes.c_float]
-    fn.restype = ctypes.c_int
-    return fn
+    return function(SOURCE, "splice_decode_attention_bf16",
+                    [ptr, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, c_long, c_long, ptr, c_long, ptr,
+                     c_long, c_long, c_long, c_long, c_long, ctypes.c_float], "splice_decode_attention_serves")
 
 
 def prepare() -> bool:

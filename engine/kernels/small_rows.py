@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels.build import library
+from engine.kernels.build import function
 
 SOURCE = Path(__file__).with_name("small_rows_bf16.c")
 MAX_ROWS = 2  # rows served (from three, oneDNN's float32 product on two threads is as fast)
@@ -25,14 +25,10 @@ LANES = 8  # outputs a block holds
 
 @functools.cache
 def _entry() -> ctypes._CFuncPtr | None:
-    lib = library(SOURCE)
-    if lib is None or not lib.splice_small_rows_serves():
-        return None  # no kernel on this host (no gcc, or no AVX2 + FMA)
-    fn = lib.splice_small_rows_bf16
+    """None: no kernel on this host (no gcc, or no AVX2 + FMA)."""
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
-    fn.argtypes = [ptr, c_long, ptr, ptr, ptr, c_long, c_long, c_long, c_long]
-    fn.restype = ctypes.c_int
-    return fn
+    return function(SOURCE, "splice_small_rows_bf16", [ptr, c_long, ptr, ptr, ptr, c_long, c_long, c_long, c_long],
+                    "splice_small_rows_serves")
 
 
 def prepare() -> bool:
@@ -55,8 +51,8 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     None for more than MAX_ROWS rows (or rows whose inputs are not adjacent)."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(1) != 1:
         return None
-    blocks, inputs, _ = weight.shape
-    if x.dtype != torch.float32 or x.shape[1] != inputs or not weight.is_contiguous():
+    blocks, inputs, _ = weight.shape  # (contiguous: `blocked` made it)
+    if x.dtype != torch.float32 or x.shape[1] != inputs:
         raise ValueError(f"small_rows.product: x {tuple(x.shape)} {x.dtype} against a blocked weight "
                          f"{tuple(weight.shape)}")
     rows, out = x.shape[0], blocks * LANES
