@@ -124,8 +124,9 @@ async def test_a_cancelled_request_frees_its_state_at_once(hybrid_engine):
     keep = asyncio.ensure_future(collect(engine, text_request([205, 206, 207, 208, 209], "keep", max_tokens=400)))
     gen = engine.generate(text_request([210, 211, 212], "gone", max_tokens=1000))
     await gen.__anext__()
-    for _ in range(500):  # "keep" is admitted and prefilled a step or two later
-        if engine.runner.rows == 2:
+    for _ in range(500):  # "keep" is admitted and prefilled a step or two later (read between the engine's steps:
+        # its thread sets the runner's rows before the state rows)
+        if engine.runner.rows == 2 and _state_rows(engine.runner) == {2}:
             break
         await asyncio.sleep(0.01)
     assert engine.runner.rows == 2
